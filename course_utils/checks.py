@@ -1,0 +1,58 @@
+"""Exercise checks: each fails with a hint that says what to look at, never silently passes.
+
+In the student edition a solution is replaced by ``raise NotImplementedError()``; the checks turn
+that into an :class:`ExerciseNotDone` with the same hint, so the learner sees what to do next.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+
+class ExerciseCheckError(AssertionError):
+    """The exercise's answer is wrong; the message says what to change."""
+
+
+class ExerciseNotDone(ExerciseCheckError):
+    """The exercise still holds ``raise NotImplementedError()``."""
+
+
+def _call(fn: Callable, args: tuple, hint: str) -> Any:
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise ExerciseNotDone(f"Exercise not done yet: replace `raise NotImplementedError()` in "
+                              f"`{getattr(fn, '__name__', fn)}` with your code. Hint: {hint}") from None
+
+
+def check(condition: bool, hint: str) -> None:
+    """Fail with ``hint`` unless ``condition`` holds."""
+    if not condition:
+        raise ExerciseCheckError(hint)
+    print("✔ check passed")
+
+
+def check_close(actual: Any, expected: Any, hint: str, rel: float = 1e-6, abs_: float = 1e-9) -> None:
+    """Numbers (or equal-length sequences of numbers) agree within a tolerance."""
+    a = list(actual) if isinstance(actual, (list, tuple)) else [actual]
+    e = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    ok = len(a) == len(e) and all(
+        isinstance(x, (int, float)) and math.isclose(x, y, rel_tol=rel, abs_tol=abs_) for x, y in zip(a, e))
+    check(ok, f"{hint} (got {actual!r}, expected {expected!r})")
+
+
+def check_function(fn: Callable, cases: list[tuple[tuple, Any]], hint: str,
+                   compare: Callable[[Any, Any], bool] | None = None) -> None:
+    """Call ``fn(*args)`` for each case and compare with the expected value."""
+    same = compare or (lambda got, want: got == want)
+    for args, want in cases:
+        got = _call(fn, args, hint)
+        if not same(got, want):
+            raise ExerciseCheckError(f"{getattr(fn, '__name__', fn)}{args} returned {got!r}, "
+                                     f"expected {want!r}. Hint: {hint}")
+    print(f"✔ check passed ({len(cases)} cases)")
+
+
+def solution(fn: Callable, *args: Any, hint: str) -> Any:
+    """Call an exercise function, turning an unsolved one into :class:`ExerciseNotDone`."""
+    return _call(fn, args, hint)

@@ -1,0 +1,238 @@
+"""Load and check DeepSpeed configs before any rank starts.
+
+DeepSpeed reports many config mistakes late (after the ranks have started), cryptically, or not
+at all: a misspelt top-level key is silently ignored, an option the chosen ZeRO stage does not use
+does nothing. :func:`validate` runs DeepSpeed's own config classes with the launch's world size and
+adds the checks DeepSpeed leaves out, raising :class:`ConfigError` that names the key and the fix.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from .paths import CONFIGS
+
+# Keys DeepSpeed reads outside DeepSpeedConfig's parsing (engine, launcher, HF integration).
+_READ_ELSEWHERE = {"tensor_parallel", "compile", "zenflow", "steps_per_print", "wall_clock_breakdown"}
+# ZeRO options that only stage 3 reads; with a lower stage they do nothing.
+_STAGE3_ONLY_PREFIX = "stage3_"
+_STAGE3_ONLY = {"offload_param", "sub_group_size", "zero_hpz_partition_size", "zero_quantized_weights",
+                "zero_quantized_nontrainable_weights", "mics_shard_size", "mics_hierarchical_params_gather",
+                "memory_efficient_linear", "module_granularity_threshold", "param_persistence_threshold",
+                "model_persistence_threshold", "max_live_parameters", "max_reuse_distance",
+                "prefetch_bucket_size", "gather_16bit_weights_on_model_save"}
+# ZeRO options that need a ZeRO optimizer (stage >= 1).
+_ZERO_ONLY = {"offload_optimizer", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+              "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size"}
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+class ConfigError(ValueError):
+    """A DeepSpeed config the course will not launch; the message names the key and the fix."""
+
+
+def load(config: dict | str | Path) -> tuple[dict, str]:
+    """A config as a dict plus a name for messages. Relative paths are also looked up in configs/."""
+    if isinstance(config, dict):
+        return copy.deepcopy(config), "<dict>"
+    path = Path(config)
+    if not path.exists() and (CONFIGS / path).exists():
+        path = CONFIGS / path
+    if not path.exists():
+        available = ", ".join(sorted(p.name for p in CONFIGS.glob("*.json")))
+        raise ConfigError(f"Config file {config} does not exist. Configs shipped with the course: {available}")
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        line = text.splitlines()[e.lineno - 1] if e.lineno <= len(text.splitlines()) else ""
+        raise ConfigError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}:\n"
+                          f"    {line}\n    {' ' * (e.colno - 1)}^\n"
+                          f"(JSON allows no trailing commas, comments or single quotes.)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object {{...}}, not {type(data).__name__}.")
+    return data, str(path)
+
+
+def _auto_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _auto_paths(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+    elif node == "auto":
+        yield prefix
+
+
+def _without_auto(cfg: dict) -> dict:
+    """The config with every "auto" removed, as DeepSpeed would see it before the Trainer fills it."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if v != "auto"}
+        return node
+    out = strip(cfg)
+    if any(cfg.get(k) == "auto" for k in _BATCH_KEYS):   # the Trainer derives all three together
+        for k in _BATCH_KEYS:
+            out.pop(k, None)
+        out["train_micro_batch_size_per_gpu"] = 1
+    return out
+
+
+class _RecordingDict(dict):
+    """A dict that remembers which keys were asked for: the keys DeepSpeed actually reads."""
+
+    def __init__(self, *args: Any, seen: set | None = None):
+        super().__init__(*args)
+        self.seen = set() if seen is None else seen
+
+    def __copy__(self) -> "_RecordingDict":
+        return _RecordingDict(self, seen=self.seen)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        self.seen.add(key)
+        return super().__contains__(key)
+
+
+class _World:
+    """Stands in for torch.distributed while DeepSpeedConfig asks for rank and world size."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_world_size(self, group: Any = None) -> int:
+        return self.world_size
+
+
+@contextlib.contextmanager
+def _world_of(world_size: int) -> Iterator[None]:
+    import deepspeed.runtime.config as ds_config
+    real = ds_config.dist
+    ds_config.dist = _World(world_size)
+    try:
+        yield
+    finally:
+        ds_config.dist = real
+
+
+def _deepspeed_parse(cfg: dict, world_size: int, name: str) -> tuple[Any, set]:
+    """Run DeepSpeed's own DeepSpeedConfig; return it and the top-level keys it read."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
+
+    recording = _RecordingDict(cfg)
+    try:
+        with _world_of(world_size):
+            parsed = DeepSpeedConfig(recording)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            problems.append(f"  {loc}: {err['msg']}{_suggest_nested(cfg, err['loc'])}")
+        raise ConfigError(f"DeepSpeed rejects {name}:\n" + "\n".join(problems)) from None
+    except (AssertionError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"DeepSpeed rejects {name} (world size {world_size}): {e}\n"
+                          f"{_batch_hint(cfg, world_size)}") from None
+    return parsed, recording.seen
+
+
+def _batch_hint(cfg: dict, world_size: int) -> str:
+    if not any(k in cfg for k in _BATCH_KEYS):
+        return ""
+    return (f"Batch sizes must satisfy train_batch_size = train_micro_batch_size_per_gpu × "
+            f"gradient_accumulation_steps × world_size ({world_size} here); give any two and DeepSpeed "
+            f"derives the third.")
+
+
+def _suggest_nested(cfg: dict, loc: tuple) -> str:
+    """A 'did you mean' for a misspelt key inside a section such as zero_optimization."""
+    section_name, key = (loc[0], loc[-1]) if len(loc) >= 2 else (None, None)
+    section = cfg.get(section_name) if section_name else None
+    if not isinstance(section, dict) or key not in section:
+        return ""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    fields = list(DeepSpeedZeroConfig.model_fields) if section_name == "zero_optimization" else []
+    close = difflib.get_close_matches(str(key), fields, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_top_level(cfg: dict, read: set, name: str) -> None:
+    known = read | _READ_ELSEWHERE
+    unknown = [k for k in cfg if k not in known]
+    if unknown:
+        lines = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, sorted(str(x) for x in known), n=1)
+            lines.append(f"  {k!r}" + (f": did you mean {close[0]!r}?" if close else ""))
+        raise ConfigError(f"{name}: DeepSpeed never reads these top-level keys, so they would be ignored "
+                          f"silently:\n" + "\n".join(lines) + "\nRename or remove them.")
+
+
+def _check_stage_options(cfg: dict, stage: int, name: str) -> None:
+    zero = cfg.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        return
+    if stage < 3:
+        ignored = [k for k in zero if k.startswith(_STAGE3_ONLY_PREFIX) or k in _STAGE3_ONLY]
+        if ignored:
+            raise ConfigError(f"{name}: zero_optimization.{ignored[0]} only acts in ZeRO stage 3, but stage is "
+                              f"{stage}, so it would do nothing. Set \"stage\": 3 or remove "
+                              f"{', '.join(ignored)}.")
+    if stage == 0:
+        ignored = [k for k in zero if k in _ZERO_ONLY]
+        if ignored:
+            raise ConfigError(f"{name}: zero_optimization.{ignored[0]} needs ZeRO (stage ≥ 1), but stage is 0, "
+                              f"so it would do nothing. Raise the stage or remove {', '.join(ignored)}.")
+
+
+def _check_optimizer_and_scheduler(cfg: dict, name: str) -> None:
+    import torch
+    from deepspeed.runtime import lr_schedules
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    opt = (cfg.get("optimizer") or {}).get("type")
+    if opt is not None and opt != "auto":
+        if str(opt).lower() not in DEEPSPEED_OPTIMIZERS and getattr(torch.optim, str(opt), None) is None:
+            choices = ["Adam", "AdamW", "Lamb", "Lion", "Adagrad"] + [n for n in dir(torch.optim) if n[0].isupper()]
+            close = difflib.get_close_matches(str(opt), choices, n=1)
+            raise ConfigError(f"{name}: optimizer.type {opt!r} is neither a DeepSpeed optimizer "
+                              f"({', '.join(DEEPSPEED_OPTIMIZERS)}) nor a torch.optim class."
+                              + (f" Did you mean {close[0]!r}?" if close else ""))
+    sched = (cfg.get("scheduler") or {}).get("type")
+    if sched is not None and sched != "auto":
+        if not hasattr(lr_schedules, str(sched)) and not hasattr(torch.optim.lr_scheduler, str(sched)):
+            close = difflib.get_close_matches(str(sched), lr_schedules.VALID_LR_SCHEDULES, n=1)
+            raise ConfigError(f"{name}: scheduler.type {sched!r} is not a DeepSpeed scheduler "
+                              f"({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) nor a torch.optim.lr_scheduler "
+                              f"class." + (f" Did you mean {close[0]!r}?" if close else ""))
+
+
+def validate(config: dict | str | Path, world_size: int = 1, trainer: bool = False) -> dict:
+    """Check a DeepSpeed config for a launch of ``world_size`` ranks; return it as a dict.
+
+    ``trainer=True`` allows "auto" values, which only the Hugging Face Trainer fills in.
+    """
+    cfg, name = load(config)
+    autos = list(_auto_paths(cfg))
+    if autos and not trainer:
+        raise ConfigError(f"{name}: \"auto\" values ({', '.join(autos)}) are filled in only by the Hugging Face "
+                          f"Trainer. For a plain deepspeed.initialize script, write numbers instead; for a "
+                          f"Trainer script, validate/launch with trainer=True.")
+    checked = _without_auto(cfg) if trainer else cfg
+    parsed, read = _deepspeed_parse(checked, world_size, name)
+    _check_top_level(checked, read, name)
+    _check_stage_options(checked, parsed.zero_optimization_stage, name)
+    _check_optimizer_and_scheduler(checked, name)
+    return cfg

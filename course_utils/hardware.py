@@ -1,0 +1,73 @@
+"""What this machine can run: accelerator, communication backend, default number of ranks.
+
+The course runs unchanged on a 2-core laptop (CPU ranks over gloo) and on GPU machines (one rank
+per GPU over nccl); every default that depends on the machine is decided here, once.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+
+CPU_DEFAULT_PROCS = 2
+
+
+@dataclass(frozen=True)
+class Hardware:
+    accelerator: str            # "cpu" or "cuda" (DeepSpeed's accelerator name)
+    gpus: int                   # CUDA devices visible to torch
+    gpu_names: tuple = field(default_factory=tuple)
+    cpu_cores: int = 1
+    backend: str = "gloo"       # what deepspeed.init_distributed() will pick
+    bf16: bool = True           # bf16 supported by the accelerator
+    fp16: bool = True
+
+    @property
+    def default_procs(self) -> int:
+        """Ranks per launch: one per GPU, else two CPU ranks."""
+        return self.gpus if self.gpus else CPU_DEFAULT_PROCS
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpus > 0
+
+    def line(self) -> str:
+        """One sentence for the top of a notebook."""
+        if self.is_gpu:
+            return (f"This machine: {self.gpus} × {self.gpu_names[0]} → {self.default_procs} ranks over "
+                    f"{self.backend}; CUDA memory is measured alongside the tensor accounting.")
+        return (f"This machine: no GPU, {self.cpu_cores} CPU cores → {self.default_procs} CPU ranks over "
+                f"{self.backend}. Everything runs for real, only slower; on a GPU machine the same "
+                f"cells use nccl with one rank per GPU and also report CUDA memory.")
+
+
+@functools.lru_cache(maxsize=None)
+def detect() -> Hardware:
+    """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once)."""
+    import torch
+
+    if not torch.cuda.is_available():      # skip DeepSpeed's probing (and its warning) on a CPU machine
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = tuple(torch.cuda.get_device_name(i) for i in range(gpus))
+    return Hardware(
+        accelerator=acc.device_name(),
+        gpus=gpus,
+        gpu_names=names,
+        cpu_cores=os.cpu_count() or 1,
+        backend=acc.communication_backend_name(),
+        bf16=bool(acc.is_bf16_supported()),
+        fp16=bool(acc.is_fp16_supported()),
+    )
+
+
+def needs_gpu(what: str) -> bool:
+    """True when a GPU is here; otherwise print why ``what`` is skipped on this machine."""
+    if detect().is_gpu:
+        return True
+    print(f"⏭  {what}: needs a CUDA GPU, and this machine has none. The explanation above stands; "
+          f"run this notebook on a GPU machine to see it measured.")
+    return False

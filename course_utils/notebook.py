@@ -1,0 +1,47 @@
+"""What every notebook does at its top and for its figures.
+
+``nb = course_utils.start("03_zero_stages")`` prints the hardware line and returns an object whose
+``record(...)`` writes the notebook's key figures to ``build/metrics/03_zero_stages.json``: the file
+the tests assert on and ``make course`` gathers into ``build/report.md``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import hardware, paths
+from .record import _plain
+
+
+class Notebook:
+    def __init__(self, name: str):
+        self.name = name
+        self.hardware = hardware.detect()
+
+    @property
+    def metrics_path(self) -> Path:
+        return paths.metrics_dir() / f"{self.name}.json"
+
+    def record(self, **figures: Any) -> dict:
+        """Merge figures into this notebook's metrics file and return everything recorded so far."""
+        path = self.metrics_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.update(_plain(figures))
+        path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        shown = ", ".join(f"{k}={json.dumps(_plain(v))[:60]}" for k, v in figures.items())
+        print(f"recorded → {paths.relative(path)}: {shown}")
+        return data
+
+    def metrics(self) -> dict:
+        return json.loads(self.metrics_path.read_text()) if self.metrics_path.exists() else {}
+
+
+def start(name: str, fresh: bool = True) -> Notebook:
+    """Begin notebook ``name``: print what this machine will run and (by default) clear its old figures."""
+    nb = Notebook(name)
+    if fresh and nb.metrics_path.exists():
+        nb.metrics_path.unlink()
+    print(nb.hardware.line())
+    return nb

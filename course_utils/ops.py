@@ -1,0 +1,64 @@
+"""DeepSpeed's JIT-built ops that the course uses, built once at setup so no notebook stalls on a build.
+
+``python -m course_utils.ops --build`` builds them (in parallel); ``status()`` says which can build here,
+the same question ``ds_report`` answers.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+# Builder class names as DeepSpeed's accelerator knows them; which ones matter depends on the machine.
+COURSE_OPS = {
+    "cpu": ["ShareMemCommBuilder", "CPUAdamBuilder", "AsyncIOBuilder"],
+    "cuda": ["CPUAdamBuilder", "AsyncIOBuilder", "FusedAdamBuilder"],
+}
+
+
+def _builder(name: str):
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().create_op_builder(name)
+
+
+def status() -> dict[str, bool]:
+    """op name → whether it can build on this machine (compiler, headers and libraries present)."""
+    from deepspeed.accelerator import get_accelerator
+    out = {}
+    for name in COURSE_OPS.get(get_accelerator().device_name(), COURSE_OPS["cpu"]):
+        b = _builder(name)
+        out[b.name if b is not None else name] = bool(b is not None and b.is_compatible(verbose=False))
+    return out
+
+
+def _build_one(name: str) -> None:
+    b = _builder(name)
+    if b is None or not b.is_compatible(verbose=False):
+        print(f"skip {name}: cannot build on this machine (see ds_report)")
+        return
+    t = time.time()
+    b.load(verbose=False)
+    print(f"built {b.name} in {time.time() - t:.0f} s")
+
+
+def build_all() -> int:
+    from deepspeed.accelerator import get_accelerator
+    names = COURSE_OPS.get(get_accelerator().device_name(), COURSE_OPS["cpu"])
+    print(f"Building DeepSpeed ops used by the course: {', '.join(names)} (first time only, about a minute each)")
+    workers = [subprocess.Popen([sys.executable, "-m", "course_utils.ops", "--one", n]) for n in names]
+    return max(w.wait() for w in workers)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--build", action="store_true")
+    parser.add_argument("--one")
+    a = parser.parse_args()
+    if a.one:
+        _build_one(a.one)
+    elif a.build:
+        sys.exit(build_all())
+    else:
+        for op, ok in status().items():
+            print(f"{op:24s} {'can build' if ok else 'cannot build here'}")
