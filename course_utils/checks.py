@@ -56,3 +56,35 @@ def check_function(fn: Callable, cases: list[tuple[tuple, Any]], hint: str,
 def solution(fn: Callable, *args: Any, hint: str) -> Any:
     """Call an exercise function, turning an unsolved one into :class:`ExerciseNotDone`."""
     return _call(fn, args, hint)
+
+
+def export_function(fn: Callable, path: "Path | str") -> str:
+    """Write an exercise function's source to ``path`` so the launched ranks can import and run it.
+
+    Notebook exercises that must run *inside* the ranks (a ring all-reduce, say) are written in the
+    notebook as a function; the script receives this file's path and imports the function from it.
+    Returns the path as a string (to pass as a script argument).
+    """
+    import inspect
+    import textwrap
+    from pathlib import Path
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("import torch\nimport torch.distributed as dist\n\n\n"
+                      + textwrap.dedent(inspect.getsource(fn)))
+    return str(target)
+
+
+def launch_exercise(run: Callable[[], Any], hint: str) -> Any:
+    """Run a launch that executes exercise code in the ranks; an unsolved exercise becomes
+    :class:`ExerciseNotDone` (not a wall of rank tracebacks), any other failure is re-raised."""
+    from .launch import LaunchError
+
+    try:
+        return run()
+    except LaunchError as e:
+        if "NotImplementedError" in str(e):
+            raise ExerciseNotDone(f"Exercise not done yet: the ranks hit `raise NotImplementedError()`. "
+                                  f"Hint: {hint}") from None
+        raise

@@ -137,35 +137,47 @@ def _deepspeed_parse(cfg: dict, world_size: int, name: str) -> tuple[Any, set]:
         with _world_of(world_size):
             parsed = DeepSpeedConfig(recording)
     except ValidationError as e:
+        fields = _model_fields(e.title)
         problems = []
         for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            problems.append(f"  {loc}: {err['msg']}{_suggest_nested(cfg, err['loc'])}")
+            key = str(err["loc"][-1]) if err["loc"] else "?"
+            close = difflib.get_close_matches(key, fields, n=1)
+            problems.append(f"  {_key_path(cfg, err['loc'])}: {err['msg']}"
+                            + (f" — did you mean {close[0]!r}?" if close else ""))
         raise ConfigError(f"DeepSpeed rejects {name}:\n" + "\n".join(problems)) from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"DeepSpeed rejects {name} (world size {world_size}): {e}\n"
-                          f"{_batch_hint(cfg, world_size)}") from None
+        hint = _batch_hint(world_size) if "batch" in str(e) else ""
+        raise ConfigError(f"DeepSpeed rejects {name} (world size {world_size}): {e}{hint}") from None
     return parsed, recording.seen
 
 
-def _batch_hint(cfg: dict, world_size: int) -> str:
-    if not any(k in cfg for k in _BATCH_KEYS):
-        return ""
-    return (f"Batch sizes must satisfy train_batch_size = train_micro_batch_size_per_gpu × "
+def _batch_hint(world_size: int) -> str:
+    return (f"\nBatch sizes must satisfy train_batch_size = train_micro_batch_size_per_gpu × "
             f"gradient_accumulation_steps × world_size ({world_size} here); give any two and DeepSpeed "
             f"derives the third.")
 
 
-def _suggest_nested(cfg: dict, loc: tuple) -> str:
-    """A 'did you mean' for a misspelt key inside a section such as zero_optimization."""
-    section_name, key = (loc[0], loc[-1]) if len(loc) >= 2 else (None, None)
-    section = cfg.get(section_name) if section_name else None
-    if not isinstance(section, dict) or key not in section:
-        return ""
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    fields = list(DeepSpeedZeroConfig.model_fields) if section_name == "zero_optimization" else []
-    close = difflib.get_close_matches(str(key), fields, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def _model_fields(model_name: str) -> list[str]:
+    """Field names and aliases of DeepSpeed's pydantic config model called ``model_name``."""
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+
+    stack = [DeepSpeedConfigModel]
+    while stack:
+        cls = stack.pop()
+        if cls.__name__ == model_name:
+            return [n for name, f in cls.model_fields.items() for n in (name, f.alias) if n]
+        stack.extend(cls.__subclasses__())
+    return []
+
+
+def _key_path(cfg: dict, loc: tuple) -> str:
+    """Where a pydantic error points, as a dotted path from the top of the config."""
+    inner = ".".join(str(p) for p in loc)
+    if loc and loc[0] not in cfg:
+        for section, value in cfg.items():
+            if isinstance(value, dict) and loc[0] in value:
+                return f"{section}.{inner}"
+    return inner
 
 
 def _check_top_level(cfg: dict, read: set, name: str) -> None:

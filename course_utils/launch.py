@@ -333,3 +333,21 @@ def _failure_message(result: LaunchResult, timed_out: bool, timeout: float) -> s
         return (f"Launch failed (exit code {result.returncode}) before any rank reported an error; the "
                 f"launcher said:\n{_tail(result.log)}\n{where}")
     return f"Rank {rank} failed (launch exit code {result.returncode}):\n{_tail(trace)}\n{where}"
+
+
+def command(args: list[str], timeout: float = 300, cwd: Path | None = None, env: dict | None = None) -> str:
+    """Run a single-process tool of the stack (``ds_report``, ``accelerate``, a converter script) and
+    return its output; on a timeout or a non-zero exit its whole process group is killed and a
+    ``RuntimeError`` names the command and shows the end of what it printed."""
+    tool = Path(sys.executable).parent / args[0]
+    argv = [str(tool) if tool.exists() else args[0], *map(str, args[1:])]
+    proc = subprocess.Popen(argv, cwd=cwd or paths.ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except BaseException:
+        _kill_group([proc])
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{shlex.join(args)}` exited with {proc.returncode}:\n{_tail(out)}")
+    return out

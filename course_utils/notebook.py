@@ -23,8 +23,8 @@ class Notebook:
     def metrics_path(self) -> Path:
         return paths.metrics_dir() / f"{self.name}.json"
 
-    def record(self, **figures: Any) -> dict:
-        """Merge figures into this notebook's metrics file and return everything recorded so far."""
+    def record(self, **figures: Any) -> None:
+        """Merge figures into this notebook's metrics file (build/metrics/<notebook>.json)."""
         path = self.metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)
         data = json.loads(path.read_text()) if path.exists() else {}
@@ -32,7 +32,6 @@ class Notebook:
         path.write_text(json.dumps(data, indent=2, sort_keys=True))
         shown = ", ".join(f"{k}={json.dumps(_plain(v))[:60]}" for k, v in figures.items())
         print(f"recorded → {paths.relative(path)}: {shown}")
-        return data
 
     def metrics(self) -> dict:
         return json.loads(self.metrics_path.read_text()) if self.metrics_path.exists() else {}

@@ -9,6 +9,7 @@ import argparse
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 # Builder class names as DeepSpeed's accelerator knows them; which ones matter depends on the machine.
 COURSE_OPS = {
@@ -62,3 +63,22 @@ if __name__ == "__main__":
     else:
         for op, ok in status().items():
             print(f"{op:24s} {'can build' if ok else 'cannot build here'}")
+
+
+_ANSI = __import__("re").compile(r"\x1b\[[0-9;]*m")
+_OP_LINE = __import__("re").compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]")
+
+
+def ds_report_table(report_text: str) -> list[dict]:
+    """The op table of ``ds_report``'s output: op, pre-installed in the wheel, can JIT-build here, built already."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    rows = []
+    for line in _ANSI.sub("", report_text).splitlines():
+        m = _OP_LINE.match(line.strip())
+        if m:
+            op = m.group(1)
+            built = Path(_get_build_directory(op, verbose=False)).glob("*.so")
+            rows.append({"op": op, "installed": m.group(2) == "YES", "compatible": m.group(3) == "OKAY",
+                         "built_in_cache": any(True for _ in built)})
+    return rows

@@ -2,6 +2,7 @@
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/00_hello.py
 """
+import argparse
 import os
 import socket
 
@@ -13,7 +14,9 @@ from deepspeed.accelerator import get_accelerator
 from course_utils import record
 from course_utils.scripting import finish, parse_args
 
-args = parse_args()
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--fail_rank", type=int, default=None, help="this rank raises before the all_reduce")
+args = parse_args(parser)
 deepspeed.init_distributed()          # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT set by the launcher
 rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -21,6 +24,9 @@ device = get_accelerator().device_name(local_rank)   # "cpu", or "cuda:<local_ra
 
 print(f"hello from rank {rank} of {world_size} (local_rank {local_rank}, host {socket.gethostname()}, "
       f"pid {os.getpid()}, device {device}, backend {dist.get_backend()})")
+
+if rank == args.fail_rank:
+    raise RuntimeError(f"rank {rank} fails on purpose (--fail_rank {rank}), while the others wait in all_reduce")
 
 contribution = torch.tensor([float(rank + 1)], device=device)
 total = contribution.clone()

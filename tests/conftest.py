@@ -1,0 +1,57 @@
+"""Shared fixtures: a private build folder per test session, and notebook execution with papermill."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from course_utils import paths
+from course_utils.course import execute
+
+SMOKE = {"SMOKE": True}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every run, metric and executed notebook of the test session goes to a fresh folder."""
+    folder = tmp_path_factory.mktemp("build")
+    os.environ["COURSE_BUILD_DIR"] = str(folder)
+    return folder
+
+
+def run_notebook(name: str, parameters: dict | None = None, source: Path | None = None) -> dict:
+    """Execute notebook ``name`` with the smoke parameters (plus ``parameters``); return its metrics.
+
+    Fails the test with the failing cell and its error when the notebook does not run through.
+    """
+    notebook = source or paths.NOTEBOOKS / f"{name}.ipynb"
+    outcome = execute(notebook, paths.build_dir() / "executed" / notebook.name, {**SMOKE, **(parameters or {})})
+    if not outcome.ok:
+        pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
+    metrics = paths.metrics_dir() / f"{name}.json"
+    assert metrics.exists(), f"{name} ran but recorded no figures to {metrics}"
+    return json.loads(metrics.read_text())
+
+
+def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) -> tuple[int, list[str]]:
+    """Execute the student copy of ``name`` through to the end (errors allowed).
+
+    Returns the number of exercises (solution blocks) and the error names the cells raised, in order.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    from course_utils.student import BEGIN, student_copy
+
+    source = paths.NOTEBOOKS / f"{name}.ipynb"
+    exercises = sum(c.source.count(BEGIN) for c in nbformat.read(str(source), as_version=4).cells)
+    copy = student_copy(source, tmp_path)
+    nb = parameterize_notebook(load_notebook_node(str(copy)), {**SMOKE, **(parameters or {})})
+    NotebookClient(nb, timeout=1800, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o.ename for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.output_type == "error"]
+    return exercises, errors
