@@ -242,7 +242,8 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     - ``procs``: ranks per node; default one per GPU, or 2 CPU ranks without a GPU.
     - ``config``: a DeepSpeed config (dict, or a path; bare names are looked up in ``configs/``). It is
       validated for the launch's world size first and passed to the script as ``config_arg <path>``.
-      ``trainer=True`` allows the "auto" values that the HF Trainer fills (and passes ``--deepspeed``).
+      ``trainer=True`` allows the "auto" values that the HF Trainer fills (the script hands the path to
+      ``TrainingArguments(deepspeed=...)``).
     - ``nodes``: simulate several nodes on this machine (one launcher per node, ``--no_ssh``).
     - ``timeout``: seconds until every process of the launch is killed and :class:`LaunchError` raised.
     - ``check``: raise :class:`LaunchError` when a rank fails (else return the result with its returncode).
@@ -259,8 +260,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
         cfg_path = Path(configs.load(config)[1]) if is_file else run_dir / "ds_config.json"
         if not is_file:
             cfg_path.write_text(json.dumps(cfg, indent=2))
-        flag = "--deepspeed" if trainer and config_arg == "--deepspeed_config" else config_arg
-        args += [flag, paths.relative(cfg_path)]
+        args += [config_arg, paths.relative(cfg_path)]
     commands = _commands(script_path, args, procs, nodes, free_port(), run_dir)
     shown = "\n".join(f"cd {shlex.quote(str(paths.ROOT))} && " + shlex.join(["deepspeed", *c[1:]]) for c in commands)
     if not quiet:
@@ -330,8 +330,8 @@ def _failure_message(result: LaunchResult, timed_out: bool, timeout: float) -> s
                 f"this; so does a run that needs a longer timeout=.\n{tails}\n{where}")
     rank, trace = _first_failure(result.run_dir, result.rank_logs)
     if rank is None:
-        return (f"Launch failed (exit code {result.returncode}) before any rank reported an error; the "
-                f"launcher said:\n{_tail(result.log)}\n{where}")
+        return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
+                f"with an error status or was killed); the end of the log:\n{_tail(result.log)}\n{where}")
     return f"Rank {rank} failed (launch exit code {result.returncode}):\n{_tail(trace)}\n{where}"
 
 
