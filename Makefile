@@ -40,7 +40,7 @@ student: setup
 	$(PY) -m course_utils.student
 
 bench: setup
-	$(PY) bench/bench_launch.py
+	$(PY) bench/bench_launch.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build

@@ -1,0 +1,280 @@
+"""Distributed basics, measured from live ranks: identities, backends, collectives, a byte counter
+for point-to-point traffic, all_reduce timing, and the figures of notebook 01.
+
+The functions that take no ``dist`` argument but use ``torch.distributed`` run *inside* ranks
+(scripts/01_*.py call them); the ``plot_*`` and ``*_table`` functions run in the notebook.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from typing import Any, Callable, Iterator
+
+COLLECTIVES = ("broadcast", "reduce", "all_reduce", "reduce_scatter", "all_gather", "barrier")
+
+
+def rank_identity() -> dict[str, Any]:
+    """Who this process is, as the ``deepspeed`` launcher told it (environment variables).
+
+    ``CROSS_RANK`` is the launcher's name for the node rank (``--node_rank``), ``LOCAL_SIZE`` the
+    number of ranks on this node.
+    """
+    env = os.environ
+    return {"node_rank": int(env.get("CROSS_RANK", 0)), "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "rank": int(env.get("RANK", 0)), "world_size": int(env.get("WORLD_SIZE", 1)),
+            "local_size": int(env.get("LOCAL_SIZE", 1)), "master_addr": env.get("MASTER_ADDR"),
+            "master_port": int(env.get("MASTER_PORT", 0)), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def backends_available() -> dict[str, bool]:
+    """Which ``torch.distributed`` backends this torch build (and its installed plugins) can use."""
+    import torch.distributed as dist
+
+    found = {"nccl": dist.is_nccl_available(), "gloo": dist.is_gloo_available(), "mpi": dist.is_mpi_available()}
+    try:                                      # ccl comes from Intel's oneCCL bindings, a separate package
+        import oneccl_bindings_for_pytorch  # noqa: F401
+        found["ccl"] = True
+    except ImportError:
+        found["ccl"] = False
+    return found
+
+
+def choose_device(local_rank: int, local_size: int, cpu: bool = False) -> tuple[str, str]:
+    """(device, backend) for a demo rank: the accelerator with its backend when every rank of this
+    node gets its own GPU, otherwise (or with ``cpu=True``) CPU tensors over gloo. nccl cannot put
+    two ranks on one GPU, which is what "nodes" simulated on one GPU machine would do."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if not cpu and acc.device_name() != "cpu" and local_size <= torch.cuda.device_count():
+        return acc.device_name(local_rank), acc.communication_backend_name()
+    return "cpu", "gloo"
+
+
+def _values(t) -> list:
+    return [round(float(x), 4) for x in t.flatten().tolist()]
+
+
+def run_collectives(device: str) -> list[dict[str, Any]]:
+    """Run every collective once on small tensors; one row per collective with this rank's
+    tensor before and after (and how reduce_scatter was done, since backends differ there).
+
+    Rank r starts from ``[10r+1, 10r+2, …]`` (world_size numbers), so every output can be traced
+    back to the ranks it came from.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def start() -> "torch.Tensor":
+        return torch.arange(1, world + 1, dtype=torch.float32, device=device) + 10 * rank
+
+    rows = []
+
+    def row(name: str, before, after, how: str) -> None:
+        rows.append({"collective": name, "rank": rank, "before": _values(before), "after": _values(after), "how": how})
+
+    t = start() if rank == 0 else torch.zeros(world, device=device)
+    before = t.clone()
+    dist.broadcast(t, src=0)
+    row("broadcast", before, t, "src=0: rank 0's tensor copied to every rank")
+
+    t = start()
+    before = t.clone()
+    dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+    row("reduce", before, t, "dst=0, SUM: only rank 0's result is defined")
+
+    t = start()
+    before = t.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    row("all_reduce", before, t, "SUM: every rank gets the elementwise sum")
+
+    t = start()
+    out, how = reduce_scatter(t)
+    row("reduce_scatter", t, out, how)
+
+    t = torch.tensor([10.0 * rank + 1], device=device)
+    gathered = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(gathered, t)
+    row("all_gather", t, torch.cat(gathered), "every rank gets every rank's tensor, in rank order")
+
+    t = torch.tensor([float(rank)], device=device)
+    waited = time.perf_counter()
+    dist.barrier()
+    row("barrier", t, t, f"no data: waits until every rank arrives ({1e3 * (time.perf_counter() - waited):.1f} ms here)")
+    return rows
+
+
+def reduce_scatter(t) -> tuple[Any, str]:
+    """SUM-reduce ``t`` (world_size × k elements) and keep this rank's k-element slice.
+
+    Tries both APIs torch offers, the list form ``dist.reduce_scatter`` and the flat-tensor form
+    ``dist.reduce_scatter_tensor`` (which NCCL prefers), and reports which ones this backend runs.
+    Where neither works, it falls back to all_reduce + slice (same result, about twice the traffic
+    of a real reduce_scatter). Returns (slice, a note saying what worked).
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    attempts = {"reduce_scatter": lambda out: dist.reduce_scatter(out, list(t.clone().chunk(world))),
+                "reduce_scatter_tensor": lambda out: dist.reduce_scatter_tensor(out, t.clone())}
+    result, notes = None, []
+    for name, call in attempts.items():
+        out = torch.zeros(t.numel() // world, dtype=t.dtype, device=t.device)
+        try:
+            call(out)
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            notes.append(f"{name}: not supported ({str(e).splitlines()[0][:80]})")
+            continue
+        notes.append(f"{name}: ok")
+        result = out if result is None else result
+    if result is None:
+        full = t.clone()
+        dist.all_reduce(full)
+        result = full.chunk(world)[rank].clone()
+        notes.append("used all_reduce + slice instead")
+    return result, "; ".join(notes)
+
+
+@contextlib.contextmanager
+def count_sent_bytes() -> Iterator[dict[str, int]]:
+    """Count the bytes this rank sends with ``dist.send`` / ``dist.isend`` inside the block.
+
+    The counter wraps the functions on the ``torch.distributed`` module, so code that calls
+    ``dist.send(...)`` (looked up at call time) is measured without being changed.
+    """
+    import torch.distributed as dist
+
+    counter = {"bytes": 0, "messages": 0}
+    originals = {name: getattr(dist, name) for name in ("send", "isend")}
+
+    def counting(fn: Callable) -> Callable:
+        def wrapper(tensor, *args, **kwargs):
+            counter["bytes"] += tensor.numel() * tensor.element_size()
+            counter["messages"] += 1
+            return fn(tensor, *args, **kwargs)
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(dist, name, counting(fn))
+    try:
+        yield counter
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def ring_bytes_expected(tensor_bytes: int, world_size: int) -> float:
+    """Bytes each rank sends in a ring all-reduce: 2(N−1) steps of one S/N chunk each."""
+    return 2 * (world_size - 1) / world_size * tensor_bytes
+
+
+def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[dict[str, float]]:
+    """Median seconds of ``all_reduce(SUM)`` on float32 tensors of each size (elements), after one
+    warm-up call; each timed call ends with a barrier-free sync on the result (``.cpu()``)."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    rows = []
+    for n in sizes:
+        t = torch.ones(n, dtype=torch.float32, device=device)
+        dist.all_reduce(t)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(t)
+            t[:1].cpu()
+            times.append(time.perf_counter() - started)
+        seconds = statistics.median(times)
+        rows.append({"elements": n, "bytes": 4 * n, "seconds": seconds, "gbytes_per_s": 4 * n / seconds / 1e9})
+    return rows
+
+
+# ---------------------------------------------------------------- notebook side: tables and figures
+
+def collectives_table(rows: list[dict[str, Any]]):
+    """Rows from every rank → a DataFrame indexed by (collective, rank), in the order they ran."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df["collective"] = pd.Categorical(df["collective"], COLLECTIVES, ordered=True)
+    return df.sort_values(["collective", "rank"]).set_index(["collective", "rank"])
+
+
+def plot_parallelism_families():
+    """Four panels: how data, tensor (model) and pipeline parallelism split a 4-layer model over
+    devices, and how 3D parallelism combines them; ZeRO marked as data parallelism whose
+    parameters, gradients and optimizer states are partitioned instead of replicated."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b2", "#937860", "#da8bc3", "#8c8c8c"]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4.2))
+    layers = 4
+
+    def model(ax, x0, y0, w, h, owner: Callable[[int, int], int], label: str, hatch_fn=None) -> None:
+        """A model drawn as `layers` rows of 2 halves; owner(layer, half) gives the device colour."""
+        for layer in range(layers):
+            for half in range(2):
+                dev = owner(layer, half)
+                ax.add_patch(Rectangle((x0 + half * w / 2, y0 + (layers - 1 - layer) * h / layers), w / 2, h / layers,
+                                       facecolor=colors[dev % len(colors)], edgecolor="white", lw=1.5,
+                                       hatch=hatch_fn(layer, half) if hatch_fn else None))
+        ax.text(x0 + w / 2, y0 - 0.06, label, ha="center", va="top", fontsize=9)
+
+    def frame(ax, title: str, note: str) -> None:
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-0.25, 1.05)
+        ax.axis("off")
+        ax.set_title(title, fontsize=11)
+        ax.text(0.5, -0.22, note, ha="center", va="bottom", fontsize=8.5, wrap=True)
+
+    ax = axes[0]
+    for d in range(2):
+        model(ax, 0.08 + d * 0.46, 0.12, 0.38, 0.8, lambda l, h, d=d: d, f"device {d}: full copy\nbatch shard {d}")
+    frame(ax, "Data parallel (DDP; ZeRO)", "same model everywhere, different data;\ngradients all_reduced. "
+          "ZeRO: each device\nkeeps only 1/N of params/grads/optimizer")
+    ax = axes[1]
+    model(ax, 0.3, 0.12, 0.4, 0.8, lambda l, h: h, "each layer's matrices\nsplit in halves: dev 0 | dev 1")
+    frame(ax, "Tensor (model) parallel", "every layer split across devices;\nactivations all_reduced "
+          "inside each layer")
+    ax = axes[2]
+    model(ax, 0.3, 0.12, 0.4, 0.8, lambda l, h: l // 2, "layers 0-1: dev 0\nlayers 2-3: dev 1")
+    frame(ax, "Pipeline parallel", "consecutive layers on different devices;\nmicro-batches flow "
+          "stage to stage (send/recv)")
+    ax = axes[3]
+    for d in range(2):
+        model(ax, 0.08 + d * 0.46, 0.12, 0.38, 0.8, lambda l, h, d=d: 4 * d + 2 * (l // 2) + h,
+              f"replica {d}: 4 devices\n(2 stages × 2 tensor)")
+    frame(ax, "3D = data × pipeline × tensor", "here 2 × 2 × 2 = 8 devices (colours);\nDeepSpeed: ZeRO-1 "
+          "data parallel + pipeline\n+ Megatron-style tensor parallel")
+    fig.tight_layout()
+    return fig
+
+
+def plot_all_reduce_times(rows: list[dict[str, float]], world_size: int, backend: str):
+    """all_reduce time and algorithm bandwidth against message size (log-log)."""
+    import matplotlib.pyplot as plt
+
+    sizes = [r["bytes"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    a.loglog(sizes, [1e3 * r["seconds"] for r in rows], "o-")
+    a.set_xlabel("message size (bytes)")
+    a.set_ylabel("all_reduce time (ms, median)")
+    a.set_title(f"all_reduce on {world_size} ranks ({backend})")
+    b.semilogx(sizes, [r["gbytes_per_s"] for r in rows], "o-", color="C1")
+    b.set_xlabel("message size (bytes)")
+    b.set_ylabel("size / time (GB/s)")
+    b.set_title("small messages: latency-bound; large: bandwidth-bound")
+    for ax in (a, b):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,120 @@
+"""Checkpoints of a tiny GPT-2 under ZeRO: save them, resume from them, export them.
+
+Modes (one launch each):
+  layout  one engine per ZeRO stage 0-3: train, save_checkpoint(<out>/stage<N>), and save the live
+          full fp32 weights beside it (<out>/stage<N>_live.safetensors) to compare conversions with;
+          ZeRO-3 also tries save_16bit_model with stage3_gather_16bit_weights_on_model_save off and on.
+  train   train to --steps, saving a checkpoint at each --save_at step; --load resumes from a
+          checkpoint first (--universal: from a universal checkpoint, on any number of ranks).
+          Records the loss of every step, and the logits of a fixed batch at the end.
+
+Run from a terminal:
+  deepspeed --num_gpus 2 scripts/09_checkpoints.py --mode train --steps 20 --save_at 10 \
+      --out build/ckpt --deepspeed_config configs/09_checkpoints.json
+"""
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from safetensors.torch import save_file
+
+from course_utils import record
+from course_utils.checkpoints import fixed_batch, global_batch, rank_slice, tiny_gpt2
+from course_utils.scripting import finish, parse_args, rank0_print
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--mode", choices=["layout", "train"], required=True)
+parser.add_argument("--out", required=True, help="folder for checkpoints and exported weights")
+parser.add_argument("--steps", type=int, default=4, help="train until this global step")
+parser.add_argument("--save_at", type=int, nargs="*", default=[], help="save a checkpoint after these steps")
+parser.add_argument("--load", default=None, help="checkpoint folder to resume from")
+parser.add_argument("--universal", action="store_true", help="--load names a universal checkpoint")
+args = parse_args(parser)
+
+deepspeed.init_distributed()
+rank, world_size = dist.get_rank(), dist.get_world_size()
+device = get_accelerator().device_name(args.local_rank)
+base_config = json.loads(Path(args.deepspeed_config).read_text())
+out = Path(args.out)
+
+
+def engine_for(stage: int, **zero_options):
+    """A fresh tiny GPT-2 (same seed every time) under ZeRO ``stage``."""
+    config = copy.deepcopy(base_config)
+    config["zero_optimization"].update(stage=stage, **zero_options)
+    if args.universal:
+        config["checkpoint"] = {"load_universal": True}
+    model = tiny_gpt2(seed=0)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+def train_step(engine, step: int) -> float:
+    """One optimizer step on global batch ``step``; returns the loss averaged over all ranks."""
+    batch = rank_slice(global_batch(step, engine.train_batch_size()), rank, world_size).to(device)
+    loss = engine(input_ids=batch, labels=batch).loss
+    engine.backward(loss)
+    engine.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    return mean.item() / world_size
+
+
+def live_weights(engine) -> dict:
+    """The full fp32 weights as the running engine holds them (ZeRO-3: gathered from every rank)."""
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=engine.zero_optimization_stage() == 3):
+        return {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
+
+
+def save_live(engine, path: Path) -> None:
+    weights = live_weights(engine)          # every rank takes part in the gather
+    if rank == 0:
+        save_file(weights, str(path))
+
+
+if args.mode == "layout":
+    for stage in (0, 1, 2, 3):
+        engine = engine_for(stage, stage3_gather_16bit_weights_on_model_save=True) if stage == 3 else engine_for(stage)
+        for step in range(args.steps):
+            train_step(engine, step)
+        engine.save_checkpoint(str(out / f"stage{stage}"), client_state={"step": args.steps})
+        save_live(engine, out / f"stage{stage}_live.safetensors")
+        rank0_print(f"stage {stage}: checkpoint saved to {out / f'stage{stage}'}")
+    # ZeRO-3 keeps only a slice of each weight per rank: what does a plain state_dict() hold?
+    shapes = {k: list(v.shape) for k, v in engine.module.state_dict().items()}
+    record("zero3_state_dict_numel", sum(torch.Size(s).numel() for s in shapes.values()))
+    record("zero3_state_dict_shapes", dict(list(shapes.items())[:3]))
+    record("save16_gather_on", engine.save_16bit_model(str(out / "stage3_16bit_on"), "model.safetensors"))
+    engine = engine_for(3, stage3_gather_16bit_weights_on_model_save=False)
+    record("save16_gather_off", engine.save_16bit_model(str(out / "stage3_16bit_off"), "model.safetensors"))
+    record("model_numel", sum(p.ds_numel for p in engine.module.parameters()))
+else:
+    stage = base_config["zero_optimization"]["stage"]
+    engine = engine_for(stage)
+    first = 0
+    if args.load:
+        path, client_state = engine.load_checkpoint(args.load)
+        if path is None:
+            raise FileNotFoundError(f"No checkpoint found in {args.load}")
+        first = client_state["step"] if client_state else engine.global_steps
+        rank0_print(f"resumed from {path} at step {first} on {world_size} ranks (client_state={client_state})")
+        record("resumed_at", first)
+    for step in range(first, args.steps):
+        loss = train_step(engine, step)
+        record("loss", [step + 1, loss])
+        rank0_print(f"step {step + 1:3d}  loss {loss:.6f}  lr {engine.get_lr()[0]:.2e}")
+        if step + 1 in args.save_at:
+            engine.save_checkpoint(str(out), tag=f"global_step{step + 1}", client_state={"step": step + 1})
+    save_live(engine, out / "final_live.safetensors")
+    engine.eval()
+    with torch.no_grad():
+        logits = engine(input_ids=fixed_batch().to(device)).logits
+    record("final_logits", logits.float().cpu())
+    record("world_size", world_size)
+finish()

@@ -1,0 +1,127 @@
+"""The runner: real `deepspeed` launches that succeed, fail loudly, time out, and leave nothing behind."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_utils import launch
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def processes_of(run_dir: Path) -> list[psutil.Process]:
+    """Live processes that belong to a launch: their command line or environment names its run folder."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run_dir) in a for a in p.info["cmdline"] or []) or \
+                    p.environ().get("COURSE_RUN_DIR") == str(run_dir):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def test_success_returns_log_and_metrics():
+    result = launch.deepspeed(SCRIPTS / "record_world.py", procs=2, timeout=120, config="zero0.json")
+    assert result.returncode == 0
+    worlds = result.per_rank("world")
+    assert sorted(worlds) == [0, 1]
+    assert all(w["world_size"] == 2 and w["sum"] == 2.0 for w in worlds.values())
+    assert worlds[0]["config"].endswith("configs/zero0.json")
+    assert "[rank 0]" in result.log and "[rank 1]" in result.log
+    assert (result.run_dir / "launch.log").read_text().strip() == result.log.strip()
+    assert result.command.split("&& ", 1)[1].startswith("deepspeed --num_gpus 2")
+    assert not processes_of(result.run_dir)
+
+
+def test_failing_rank_is_named_while_its_peer_waits_in_a_collective():
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError) as err:
+        launch.deepspeed(SCRIPTS / "fail_rank1.py", procs=2, timeout=90, quiet=True)
+    assert time.monotonic() - started < 90, "the waiting rank kept the launch alive until the timeout"
+    message = str(err.value)
+    assert message.startswith("Rank 1 failed")
+    assert "deliberate failure on rank 1" in message
+    assert not processes_of(err.value.result.run_dir)
+
+
+def test_hung_launch_is_killed_at_the_timeout():
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError) as err:
+        launch.deepspeed(SCRIPTS / "sleep_forever.py", procs=2, timeout=20, quiet=True)
+    elapsed = time.monotonic() - started
+    assert 20 <= elapsed < 45
+    assert "timed out after 20 s" in str(err.value)
+    assert err.value.result.returncode == 124
+    assert not processes_of(err.value.result.run_dir), "a rank survived the timeout"
+
+
+def test_interrupt_kills_every_process_of_the_launch():
+    """A notebook interrupt is a KeyboardInterrupt in the cell's thread: the launch must not survive it."""
+    seen: dict = {}
+
+    def interrupt_soon():
+        while not seen.get("run_dir"):
+            dirs = sorted((launch.paths.runs_dir()).glob("*-sleep_forever-*"))
+            new = [d for d in dirs if d not in seen.get("before", [])]
+            if new and any(new[0].glob("ranks/*_rank1.log")):
+                seen["run_dir"] = new[0]
+            time.sleep(0.2)
+        seen["alive_before"] = len(processes_of(seen["run_dir"]))
+        import _thread
+        _thread.interrupt_main()
+
+    seen["before"] = sorted(launch.paths.runs_dir().glob("*-sleep_forever-*"))
+    threading.Thread(target=interrupt_soon, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch.deepspeed(SCRIPTS / "sleep_forever.py", procs=2, timeout=120, quiet=True)
+    assert seen["alive_before"] >= 3, "the launch should have been running (launcher + 2 ranks)"
+    assert not processes_of(seen["run_dir"])
+
+
+def test_two_launches_in_parallel_get_their_own_ports():
+    results: dict = {}
+
+    def run(key):
+        results[key] = launch.deepspeed(SCRIPTS / "record_world.py", procs=2, timeout=180, quiet=True)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results) == {"a", "b"}
+    pids = [w["pid"] for r in results.values() for w in r.per_rank("world").values()]
+    assert len(set(pids)) == 4
+    ports = {r.command.split("--master_port ")[1].split()[0] for r in results.values()}
+    assert len(ports) == 2
+
+
+def test_simulated_nodes_map_global_ranks():
+    result = launch.deepspeed(SCRIPTS / "record_world.py", procs=2, nodes=2, timeout=180, quiet=True)
+    worlds = result.per_rank("world")
+    assert sorted((w["rank"], w["local_rank"]) for w in worlds.values()) == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    assert {w["world_size"] for w in worlds.values()} == {4}
+    assert result.command.count("--no_ssh") == 2
+
+
+def test_missing_script_and_bad_config_fail_before_any_rank_starts(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        launch.deepspeed("no_such_script.py")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"train_micro_batch_size_per_gpu": 2,}')
+    from course_utils.configs import ConfigError
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        launch.deepspeed(SCRIPTS / "record_world.py", config=bad)
+
+
+def test_command_kills_a_hanging_tool():
+    with pytest.raises(Exception):
+        launch.command(["python", "-c", "import time; time.sleep(60)"], timeout=2)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers
