@@ -179,7 +179,16 @@ class _Streams:
                 return out
 
 
-def _kill_group(procs: Iterable[subprocess.Popen]) -> None:
+def _signal_groups(procs: Iterable[subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to the process group of each launcher (each was started in a session of its own)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_group(procs: list[subprocess.Popen]) -> None:
     """SIGTERM every process of the launch (its groups and all descendants), then SIGKILL what is left."""
     victims: list[psutil.Process] = []
     for p in procs:
@@ -188,12 +197,8 @@ def _kill_group(procs: Iterable[subprocess.Popen]) -> None:
             victims += [parent, *parent.children(recursive=True)]
         except psutil.NoSuchProcess:
             pass
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for v in victims:
+    _signal_groups(procs, signal.SIGTERM)
+    for v in victims:          # descendants that left the group (a rank calling setsid) are reached too
         try:
             v.terminate()
         except psutil.NoSuchProcess:
@@ -204,11 +209,8 @@ def _kill_group(procs: Iterable[subprocess.Popen]) -> None:
             v.kill()
         except psutil.NoSuchProcess:
             pass
+    _signal_groups(procs, signal.SIGKILL)
     for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         p.wait()
 
 
@@ -306,6 +308,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
         _kill_group(procs_)
         raise
 
+    _signal_groups(procs_, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
     seconds = time.monotonic() - started
     codes = [p.returncode for p in procs_]
     returncode = 124 if timed_out else next((c for c in codes if c != 0), 0)
