@@ -24,12 +24,13 @@ from deepspeed.runtime.lr_schedules import WarmupLR
 from deepspeed.runtime.utils import has_inf_or_nan
 
 from course_utils import record
-from course_utils.precision import engine_dtypes, random_batch, tiny_mlp
+from course_utils.precision import dtype_name, engine_dtypes, random_batch, tiny_mlp
 from course_utils.scripting import finish, parse_args, rank0_print
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--steps", type=int, default=60, help="training steps of each loss-scaling run")
-parser.add_argument("--static_loss_scale", type=float, default=2.0 ** 24, help="the static run's loss_scale")
+parser.add_argument("--static_loss_scales", type=float, nargs="*", default=[2.0 ** 24, 2.0 ** 10],
+                    help="one static run (fp16.loss_scale = this value) per number")
 args = parse_args(parser)
 deepspeed.init_distributed()
 rank = dist.get_rank()
@@ -88,6 +89,7 @@ def engine_run(fp16: dict, steps: int) -> dict:
         trace["lr"].append(engine.get_lr()[0])
         trace["loss"].append(loss.item())
     trace["engine_skipped_steps"] = engine.skipped_steps
+    trace["dtypes"] = engine_dtypes(engine)
     engine.destroy()
     return trace
 
@@ -135,14 +137,17 @@ def scaler_run(fp16: dict, steps: int) -> dict:
         trace["overflow"].append(overflow)
         trace["lr"].append(optimizer.param_groups[0]["lr"])
         trace["loss"].append(loss.item())
+    param = next(model.parameters())
+    trace["dtypes"] = {"module": dtype_name(param.dtype), "master": dtype_name(master[0].dtype),
+                       "grad": dtype_name(param.grad.dtype)}
     return trace
 
 
 run = engine_run if get_accelerator().is_fp16_supported() else scaler_run
 record("loss_scaling_path", "fp16 engine" if run is engine_run else "DeepSpeed loss scalers on an fp16 model")
 dynamic = base["fp16"]
-static = {**dynamic, "loss_scale": args.static_loss_scale}
-for label, section in [("dynamic", dynamic), ("static", static)]:
+runs = [("dynamic", dynamic)] + [(f"static {int(s)}", {**dynamic, "loss_scale": s}) for s in args.static_loss_scales]
+for label, section in runs:
     trace = run(section, args.steps)
     record("trace", {"label": label, **trace})
     rank0_print(f"{label}: {sum(trace['overflow'])} of {args.steps} steps skipped, "
