@@ -113,7 +113,8 @@ def reduce_scatter(t) -> tuple[Any, str]:
     """SUM-reduce ``t`` (world_size × k elements) and keep this rank's k-element slice.
 
     Tries both APIs torch offers, the list form ``dist.reduce_scatter`` and the flat-tensor form
-    ``dist.reduce_scatter_tensor`` (which NCCL prefers), and reports which ones this backend runs.
+    (``dist.reduce_scatter_single``, called ``reduce_scatter_tensor`` before torch 2.13; the form
+    NCCL prefers), and reports which ones this backend runs.
     Where neither works, it falls back to all_reduce + slice (same result, about twice the traffic
     of a real reduce_scatter). Returns (slice, a note saying what worked).
     """
@@ -121,8 +122,9 @@ def reduce_scatter(t) -> tuple[Any, str]:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    flat = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
     attempts = {"reduce_scatter": lambda out: dist.reduce_scatter(out, list(t.clone().chunk(world))),
-                "reduce_scatter_tensor": lambda out: dist.reduce_scatter_tensor(out, t.clone())}
+                flat: lambda out: getattr(dist, flat)(out, t.clone())}
     result, notes = None, []
     for name, call in attempts.items():
         out = torch.zeros(t.numel() // world, dtype=t.dtype, device=t.device)
@@ -278,3 +280,23 @@ def plot_all_reduce_times(rows: list[dict[str, float]], world_size: int, backend
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def gather_predictions(indices, preds, labels):
+    """All-gather every rank's (example index, prediction, label) and keep each example once.
+
+    A ``DistributedSampler`` pads the last round by repeating examples so every rank has the same
+    number; the indices tell the repeats apart. Returns (indices, preds, labels) sorted by index,
+    identical on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    local = torch.stack([indices, preds, labels])             # 3 × n: one all_gather instead of three
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    every = torch.cat(gathered, dim=1)
+    unique, position = torch.unique(every[0], return_inverse=True)
+    kept = torch.empty(3, unique.numel(), dtype=every.dtype, device=every.device)
+    kept[:, position] = every                                 # repeats carry the same values
+    return kept[0], kept[1], kept[2]
