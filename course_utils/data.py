@@ -1,0 +1,149 @@
+"""Offline data for the course: generated data sets (via ``datasets``) and WordPiece tokenizers
+trained locally with ``tokenizers``, cached under ``build/data``.
+
+The emotion data set stands in for the seed's 6-class Chinese emotion corpus: short English sentences
+whose label follows from an emotion cue phrase, with negated cues of *other* emotions mixed in
+("i am not furious ..."), so a model must read word order, not just count keywords.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Iterable
+
+from . import paths
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+EMOTION_LABELS = ["other", "like", "sadness", "disgust", "anger", "happiness"]
+_LABEL_WEIGHTS = [0.30, 0.14, 0.14, 0.12, 0.12, 0.18]      # uneven, like the seed's corpus
+_CUES = {
+    "like": ["love", "adore", "enjoy", "really like", "am fond of", "appreciate", "cherish", "am into"],
+    "sadness": ["miss", "feel lonely without", "am heartbroken about", "cry over", "feel down about",
+                "grieve for", "despair over", "mourn"],
+    "disgust": ["am grossed out by", "am disgusted by", "feel sick about", "am sickened by", "can't stomach",
+                "am repulsed by", "am revolted by", "am nauseated by"],
+    "anger": ["am furious about", "am outraged by", "am livid about", "am fuming over", "am mad at",
+              "can't stand", "am enraged by", "resent"],
+    "happiness": ["am delighted with", "am thrilled about", "am overjoyed with", "am so glad about",
+                  "am cheerful about", "am ecstatic about", "celebrate", "am elated by"],
+}
+_NEUTRAL = ["saw", "bought", "read about", "walked past", "talked about", "wrote down", "looked at",
+            "checked", "moved", "cleaned", "noticed", "mentioned"]
+_SUBJECTS = ["i", "honestly i", "today i", "frankly i", "again i", "lately i", "still i", "sometimes i"]
+_OBJECTS = ["the new phone", "my neighbour's dog", "this weather", "the train schedule", "our old house",
+            "the final exam", "that movie", "the office party", "my brother's cooking", "the long queue",
+            "this city", "the football match", "the hospital food", "the garden", "my job", "the concert"]
+_TAILS = ["", "", "this week", "every morning", "after lunch", "at the weekend", "again", "right now",
+          "these days", "since monday"]
+
+
+def _publish(tmp: Path, folder: Path) -> None:
+    """Move a finished write into place; if another process got there first, keep theirs."""
+    import shutil
+
+    try:
+        tmp.rename(folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _clause(subject: str, verb: str, obj: str) -> str:
+    return f"{subject} {verb} {obj}"
+
+
+def emotion_example(rng: random.Random) -> tuple[str, int]:
+    """One (sentence, label id). The label's cue appears plainly; with some probability a negated
+    cue of another emotion is added before or after it ("... but i am not furious about ...")."""
+    label = rng.choices(range(len(EMOTION_LABELS)), weights=_LABEL_WEIGHTS)[0]
+    name = EMOTION_LABELS[label]
+    verb = rng.choice(_NEUTRAL) if name == "other" else rng.choice(_CUES[name])
+    parts = [_clause(rng.choice(_SUBJECTS), verb, rng.choice(_OBJECTS))]
+    if rng.random() < 0.4:                        # a denied emotion: a distractor that must be read in context
+        other = rng.choice([n for n in _CUES if n != name])
+        cue = rng.choice([c for c in _CUES[other] if not c.startswith("can't")])
+        negated = f"am not {cue[3:]}" if cue.startswith("am ") else f"don't {cue}"
+        parts.insert(rng.randrange(2), _clause("i", negated, rng.choice(_OBJECTS)))
+    text = " , but ".join(parts) + (" " + rng.choice(_TAILS) if rng.random() < 0.5 else "")
+    return text.strip(), label
+
+
+def emotion_dataset(train_size: int, eval_size: int, seed: int = 0):
+    """A ``datasets.DatasetDict`` with "train" and "eval" splits (columns idx, text, label),
+    generated once per (sizes, seed) and cached under ``build/data``."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    folder = paths.data_dir() / f"emotion_{train_size}_{eval_size}_{seed}"
+    if (folder / "dataset_dict.json").exists():
+        return datasets.load_from_disk(str(folder))
+    rng = random.Random(seed)
+    splits = {}
+    for split, size in (("train", train_size), ("eval", eval_size)):
+        rows = [emotion_example(rng) for _ in range(size)]
+        splits[split] = datasets.Dataset.from_dict(
+            {"idx": list(range(size)), "text": [t for t, _ in rows], "label": [lab for _, lab in rows]},
+            features=datasets.Features({"idx": datasets.Value("int64"), "text": datasets.Value("string"),
+                                        "label": datasets.ClassLabel(names=EMOTION_LABELS)}))
+    data = datasets.DatasetDict(splits)
+    tmp = folder.with_name(folder.name + f".tmp{random.getrandbits(32)}")
+    data.save_to_disk(str(tmp))
+    _publish(tmp, folder)
+    return datasets.load_from_disk(str(folder))
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = True):
+    """Train a BERT-style WordPiece tokenizer on ``texts`` and wrap it for transformers.
+
+    The result adds ``[CLS] … [SEP]`` around every text and pads with ``[PAD]`` (id 0), like
+    ``bert-base-uncased``, so BERT models built from a config take its output unchanged.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+def cached_wordpiece(name: str, texts: Iterable[str], vocab_size: int):
+    """:func:`train_wordpiece`, saved under ``build/data/tokenizers/<name>`` and loaded from there next time."""
+    from transformers import PreTrainedTokenizerFast
+
+    folder = paths.data_dir() / "tokenizers" / name
+    if (folder / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    tokenizer = train_wordpiece(texts, vocab_size)
+    tmp = folder.with_name(folder.name + f".tmp{random.getrandbits(32)}")
+    tokenizer.save_pretrained(str(tmp))
+    _publish(tmp, folder)
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+
+def tokenize(split, tokenizer, max_length: int):
+    """Fixed-length token ids for a split, as torch tensors (columns idx, input_ids, attention_mask, label)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    encoded = split.map(lambda batch: tokenizer(batch["text"], padding="max_length", truncation=True,
+                                                max_length=max_length, return_token_type_ids=False),
+                        batched=True)
+    encoded.set_format("torch", columns=["idx", "input_ids", "attention_mask", "label"])
+    return encoded
+
+
+def shard_loader(dataset, batch_size: int, rank: int, world_size: int, shuffle: bool = False, seed: int = 0):
+    """A DataLoader over this rank's shard: ``DistributedSampler`` hands each rank every
+    world_size-th example (padding the last round by repeating examples, so every rank gets the
+    same number of batches and collectives stay in step). Call ``loader.sampler.set_epoch(e)``
+    each epoch when shuffling."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
