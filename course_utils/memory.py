@@ -63,6 +63,34 @@ def paper_example(num_params: float = 7.5e9, world_size: int = 64) -> dict[str, 
     return {str(s): zero_formula(num_params, s, world_size, "bf16")["total"] / GB for s in range(4)}
 
 
+def deepspeed_expected(num_params: int, stage: int, world_size: int, dtype: str,
+                       grad_partition_numel: int | None = None, persistent_numel: int = 0) -> dict[str, float]:
+    """The paper's formula adjusted for what DeepSpeed 0.19 does on purpose (read in its code):
+
+    - **fp32 master copy in fp32 too** (stages 1–3): ``single_partition_of_fp32_groups`` (stage 1/2)
+      and ``fp32_partitioned_groups_flat`` (stage 3) are ``.clone().float()`` of the partition even when
+      the model is already fp32, so the optimizer side holds 4Ψ/N more than momentum + variance.
+    - **stage 1 partitions gradients too** (at an accumulation boundary): with
+      ``gradient_accumulation_steps = 1`` every backward ends on a boundary, and stage_1_and_2.py
+      then reduces each bucket into ``grads_in_partition`` exactly as stage 2 does.
+    - **boundary parameters** (stages 1/2): ``grads_in_partition`` is sized by the *whole* parameters
+      that touch this rank's partition (``params_in_partition``), so a rank holds the full gradient
+      of a parameter that straddles its partition's edge: pass ``grad_partition_numel`` to use it.
+    - **persistent parameters** (stage 3): parameters with at most
+      ``stage3_param_persistence_threshold`` elements stay whole on every rank next to their shard.
+    """
+    out = zero_formula(num_params, stage, world_size, dtype)
+    per = BYTES_PER_PARAM[dtype]
+    if dtype == "fp32" and stage >= 1:
+        out["optimizer"] += 4 * num_params / world_size
+    if stage in (1, 2):
+        out["grads"] = per["grads"] * (grad_partition_numel or num_params / world_size)
+    if stage == 3:
+        out["params"] += per["params"] * persistent_numel
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
 # ---------------------------------------------------------------- measurement
 
 @dataclass
@@ -89,7 +117,7 @@ def _category(path: str) -> str:
 
 
 # the stronger claim wins when one storage is reachable under several names
-_PRIORITY = {"grads": 0, "optimizer": 1, "buffers": 2, "params": 3}
+_PRIORITY = {"grads": 0, "optimizer": 1, "params": 2, "buffers": 3}
 
 
 def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -108,18 +136,19 @@ def _walk(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[tuple
     """Every tensor reachable from ``obj`` (and the .grad / .ds_tensor hanging off tensors)."""
     import torch
 
-    if id(obj) in seen or depth > 12:
+    if depth > 12:
         return
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, torch.Tensor):         # a tensor may be held under several names: yield each
+
         yield path, obj
         for extra in ("grad", "ds_tensor"):
             sub = getattr(obj, extra, None)
             if isinstance(sub, torch.Tensor):
                 yield from _walk(sub, f"{path}.{extra}", seen, depth + 1)
         return
-    if isinstance(obj, torch.nn.Module):      # modules are walked through named_parameters()
+    if id(obj) in seen or isinstance(obj, torch.nn.Module):    # modules: walked via named_parameters()
         return
+    seen.add(id(obj))
     for child_path, child in _children(obj, path):
         yield from _walk(child, child_path, seen, depth + 1)
 

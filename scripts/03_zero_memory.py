@@ -18,8 +18,6 @@ from course_utils.zero_lab import (accelerator_bytes, build_model, ds_config, fo
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
 parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
-parser.add_argument("--persistence_threshold", type=float, default=1e4,
-                    help="stage 3: parameters with fewer elements stay whole on every rank")
 parser.add_argument("--show_partitions", action="store_true", help="also show stage 3's ds_tensor, "
                     "GatheredParameters and zero.Init")
 args = parse_args(parser)
@@ -31,20 +29,21 @@ def measure(stage: int, dtype: str) -> None:
     """Build, take one full step (so Adam's states exist), then measure after the next backward."""
     model = build_model()
     psi = num_params(model)
-    config = ds_config(stage, dtype, stage3_param_persistence_threshold=args.persistence_threshold) \
-        if stage == 3 else ds_config(stage, dtype)
+    config = ds_config(stage, dtype)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     forward_backward(engine, 0)
     engine.step()
     forward_backward(engine, 1)                      # model states now at their peak: grads are held
     inventory = tensor_inventory(engine)
     measured = model_state_bytes(inventory)
-    persistent = sum(p.ds_numel for p in engine.module.parameters()
-                     if stage == 3 and p.ds_numel <= args.persistence_threshold)
+    grad_partition = sum(p.numel() for group in getattr(engine.optimizer, "params_in_partition", [])
+                         for p in group)                         # stage 1/2: whole params touching my partition
+    threshold = config["zero_optimization"].get("stage3_param_persistence_threshold", 0)
+    persistent = sum(p.ds_numel for p in engine.module.parameters() if stage == 3 and p.ds_numel <= threshold)
     record("zero_memory", {"stage": stage, "world_size": world_size, "dtype": dtype, "rank": rank,
                            "num_params": psi, "measured": measured, "accelerator": accelerator_bytes(),
                            "optimizer_class": type(engine.optimizer).__name__,
-                           "persistent_numel": persistent})
+                           "persistent_numel": persistent, "grad_partition_numel": grad_partition})
     if rank == 0:
         record("inventory", {"stage": stage, "dtype": dtype,
                              "tensors": [vars(e) for e in inventory if e.nbytes >= 1 << 16]})
@@ -56,7 +55,7 @@ def measure(stage: int, dtype: str) -> None:
 
 def show_partitions() -> None:
     """Stage 3 made visible: each rank's shard of one weight, the whole weight gathered, zero.Init."""
-    config = ds_config(3, "fp32", stage3_param_persistence_threshold=args.persistence_threshold)
+    config = ds_config(3, "fp32")
     with deepspeed.zero.Init(config_dict_or_path=config):    # parameters are partitioned as they are created
         model = build_model()
     weight = model.transformer.h[0].mlp.c_fc.weight

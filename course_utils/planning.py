@@ -1,0 +1,218 @@
+"""Memory planning before the first launch: DeepSpeed's estimators, the paper's table, bucket
+memory, the OOM ladder as a procedure, and an interactive calculator (notebook 05).
+
+The arithmetic of model states lives in :mod:`course_utils.memory`; this module asks "will it fit,
+and what do I try next?".
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from .memory import GB, zero_formula
+
+PAPER_RANKS = (1, 4, 16, 64, 256, 1024)
+
+
+def paper_table(num_params: float = 7.5e9, ranks: tuple = PAPER_RANKS, dtype: str = "bf16"):
+    """GB per rank of model states for stages 0–3 (columns) and each number of ranks (rows)."""
+    import pandas as pd
+
+    return pd.DataFrame({f"stage {s}": [zero_formula(num_params, s, n, dtype)["total"] / GB for n in ranks]
+                         for s in range(4)}, index=pd.Index(ranks, name="ranks"))
+
+
+# ---------------------------------------------------------------- DeepSpeed's estimators
+
+def captured(fn, *args, **kwargs) -> str:
+    """What one of DeepSpeed's ``estimate_*`` printers prints (they print instead of returning)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn(*args, **kwargs)
+    return buf.getvalue()
+
+
+def estimator_rows(total_params: int, largest_layer_params: int, gpus_per_node: int = 1, nodes: int = 1,
+                   label: str = "") -> list[dict]:
+    """Every option DeepSpeed's stage-2 and stage-3 estimators consider, as rows of bytes per GPU and
+    per CPU (host, per node) — the numbers behind ``estimate_zero{2,3}_model_states_mem_needs_all_*``."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    rows = []
+    for offload in (True, False):
+        cpu, gpu = estimate_zero2_model_states_mem_needs(total_params, gpus_per_node, nodes, cpu_offload=offload)
+        rows.append({"model": label, "params": total_params, "gpus": gpus_per_node * nodes, "stage": 2,
+                     "offload_optimizer": offload, "offload_param": False, "zero_init": None,
+                     "gpu_bytes": gpu, "cpu_bytes": cpu})
+    for offload, offload_params in ((True, True), (True, False), (False, False)):
+        for zero_init in (True, False):
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total_params, largest_layer_params, gpus_per_node,
+                                                                nodes, cpu_offload=offload,
+                                                                cpu_offload_params=offload_params, zero_init=zero_init)
+            rows.append({"model": label, "params": total_params, "gpus": gpus_per_node * nodes, "stage": 3,
+                         "offload_optimizer": offload, "offload_param": offload_params, "zero_init": zero_init,
+                         "gpu_bytes": gpu, "cpu_bytes": cpu})
+    return rows
+
+
+def largest_layer_params(model) -> int:
+    """The largest single module's own parameters (what stage 3 must gather at once), as DeepSpeed counts it."""
+    return max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+
+
+# ---------------------------------------------------------------- buckets
+
+def overlap_comm_bucket_bytes(reduce_bucket_size: float, allgather_bucket_size: float,
+                              bytes_per_element: int = 2, factor: float = 4.5) -> float:
+    """The documented rule for ``overlap_comm``: buffers of about 4.5 × each bucket size, for both
+    buckets, in 16-bit elements: 5e8-element buckets → 4.5 × (5e8 + 5e8) × 2 bytes = 9 GB."""
+    return factor * (reduce_bucket_size + allgather_bucket_size) * bytes_per_element
+
+
+# ---------------------------------------------------------------- the OOM ladder
+
+@dataclass
+class Machine:
+    gpu_gb: float              # memory of one accelerator
+    gpus: int                  # data-parallel ranks
+    cpu_gb: float              # host memory of one node
+    nvme_gb: float = 0.0       # free fast local disk for ZeRO-Infinity
+
+
+@dataclass
+class Workload:
+    params: float              # Ψ
+    largest_layer: float       # parameters of the largest layer (stage 3 gathers it whole)
+    act_gb_per_sample: float   # activation memory of one sample (per rank)
+    ckpt_act_gb_per_sample: float  # the same with gradient checkpointing
+
+
+def _rung_needs(w: Workload, m: Machine, stage: int, offload_opt: bool, offload_param: bool,
+                nvme: bool) -> tuple[float, float]:
+    """(GB per GPU, GB of host memory per node) for model states, by DeepSpeed's estimators where it
+    has one (stages 2 and 3), the paper's formula otherwise."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if stage < 2:
+        return zero_formula(w.params, stage, m.gpus)["total"] / GB, 0.0
+    if stage == 2:
+        cpu, gpu = estimate_zero2_model_states_mem_needs(int(w.params), m.gpus, 1, cpu_offload=offload_opt)
+        return gpu / GB, (cpu if offload_opt else 0) / GB
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(int(w.params), int(w.largest_layer), m.gpus, 1,
+                                                        cpu_offload=offload_opt, cpu_offload_params=offload_param,
+                                                        zero_init=True)
+    if nvme:   # ZeRO-Infinity: the states live on disk; the host keeps the swap buffers of the config
+        return gpu / GB, nvme_host_bytes(w.params / m.gpus) * m.gpus / GB
+    return gpu / GB, (cpu if offload_opt else 0) / GB
+
+
+def nvme_host_bytes(partition_numel: float, sub_group_size: float = 1e9, optimizer_buffer_count: int = 4,
+                    param_buffer_count: int = 5, param_buffer_size: float = 1e8) -> float:
+    """Host bytes one rank keeps for NVMe offload: the optimizer's swap buffers (``buffer_count``
+    fp32 buffers of one sub-group, at most ``sub_group_size`` elements) plus the parameter swap
+    buffers (``buffer_count`` × ``buffer_size`` 16-bit elements), as in configs/zero3_nvme.json."""
+    sub_group = min(partition_numel, sub_group_size)
+    return optimizer_buffer_count * sub_group * 4 + param_buffer_count * param_buffer_size * 2
+
+
+# (name, stage, offload optimizer, offload params, nvme, gradient checkpointing) in the seeds' order
+OOM_LADDER = [
+    ("batch 1 + gradient accumulation", 0, False, False, False, False),
+    ("+ gradient checkpointing", 0, False, False, False, True),
+    ("ZeRO stage 2", 2, False, False, False, True),
+    ("ZeRO stage 2 + offload_optimizer", 2, True, False, False, True),
+    ("ZeRO stage 3", 3, False, False, False, True),
+    ("ZeRO stage 3 + offload_param + offload_optimizer", 3, True, True, False, True),
+    ("ZeRO-Infinity: offload to NVMe", 3, True, True, True, True),
+]
+
+
+def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
+    """Walk the OOM ladder; return the first rung whose memory fits, then the largest micro-batch it allows.
+
+    Each rung is tried at micro-batch 1 (with gradient accumulation making up the global batch).
+    Returns {"rung", "stage", "offload_optimizer", "offload_param", "nvme", "checkpointing",
+    "gpu_gb", "cpu_gb", "micro_batch", "why", "tried"}; ``rung`` is None when nothing fits.
+    """
+    tried = []
+    for name, stage, off_opt, off_param, nvme, ckpt in OOM_LADDER:
+        states_gpu, cpu = _rung_needs(w, m, stage, off_opt, off_param, nvme)
+        act = w.ckpt_act_gb_per_sample if ckpt else w.act_gb_per_sample
+        gpu = states_gpu + act
+        fits_gpu, fits_cpu = gpu <= m.gpu_gb, cpu <= m.cpu_gb
+        fits_nvme = not nvme or w.params * 16 / GB <= m.nvme_gb
+        tried.append({"rung": name, "gpu_gb": round(gpu, 2), "cpu_gb": round(cpu, 2),
+                      "fits": fits_gpu and fits_cpu and fits_nvme})
+        if fits_gpu and fits_cpu and fits_nvme:
+            batch = 1
+            while batch < max_batch and states_gpu + act * (batch + 1) <= m.gpu_gb:
+                batch += 1
+            why = (f"model states {states_gpu:.1f} GB + activations {act:.2f} GB/sample fit in {m.gpu_gb} GB per GPU"
+                   + (f" with {cpu:.1f} GB of host memory (of {m.cpu_gb})" if cpu else "")
+                   + f"; the spare room takes a micro-batch of {batch}")
+            return {"rung": name, "stage": stage, "offload_optimizer": off_opt, "offload_param": off_param,
+                    "nvme": nvme, "checkpointing": ckpt, "gpu_gb": round(gpu, 2), "cpu_gb": round(cpu, 2),
+                    "micro_batch": batch, "why": why, "tried": tried}
+    return {"rung": None, "why": "nothing on the ladder fits: more GPUs, more host memory or NVMe needed",
+            "tried": tried}
+
+
+# ---------------------------------------------------------------- the calculator
+
+OFFLOAD = {"none": set(), "optimizer": {"optimizer"}, "optimizer + params": {"optimizer", "params"}}
+
+
+def per_rank_bytes(params_b: float, ranks: int, stage: int, offload: str, dtype: str) -> dict[str, dict[str, float]]:
+    """GB per rank of each model state, split into what stays on the accelerator and what is offloaded."""
+    states = zero_formula(params_b * 1e9, stage, ranks, dtype)
+    moved = OFFLOAD[offload]
+    return {cat: {"device": 0.0 if cat in moved else states[cat] / GB, "host": states[cat] / GB if cat in moved else 0.0}
+            for cat in ("params", "grads", "optimizer")}
+
+
+def draw_per_rank(ax, params_b: float, ranks: int, stage: int, offload: str, dtype: str) -> None:
+    parts = per_rank_bytes(params_b, ranks, stage, offload, dtype)
+    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    for x, where in enumerate(("device", "host")):
+        bottom = 0.0
+        for cat, color in colors.items():
+            v = parts[cat][where]
+            ax.bar(x, v, bottom=bottom, color=color, label=cat if x == 0 else None)
+            bottom += v
+        ax.text(x, bottom, f"{bottom:.1f} GB", ha="center", va="bottom")
+    ax.set_xticks([0, 1], ["accelerator", "host (offloaded)"])
+    ax.set_ylabel("GB per rank")
+    ax.set_title(f"{params_b:g} B params, {ranks} ranks, stage {stage}, offload {offload}, {dtype}")
+    ax.legend()
+
+
+def calculator():
+    """An ipywidgets calculator of per-rank model-state bytes. Returns (widget, update): call
+    ``update()`` once so that a non-interactive run (papermill) also shows a figure."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    controls = {
+        "params_b": w.FloatLogSlider(value=7.5, base=10, min=-2, max=3, description="params (B)"),
+        "ranks": w.IntSlider(value=64, min=1, max=1024, description="ranks"),
+        "stage": w.IntSlider(value=3, min=0, max=3, description="ZeRO stage"),
+        "offload": w.Dropdown(options=list(OFFLOAD), value="none", description="offload"),
+        "dtype": w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="dtype"),
+    }
+    out = w.Output()
+
+    def update(**_: Any) -> None:
+        values = {k: c.value for k, c in controls.items()}
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            draw_per_rank(ax, **values)
+            plt.show()
+
+    for c in controls.values():
+        c.observe(lambda change: update(), names="value")
+    return w.VBox([*controls.values(), out]), update

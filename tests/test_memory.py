@@ -1,0 +1,96 @@
+"""Fast unit tests of the memory accounting, the ZeRO formulas, the estimator wrappers and the OOM ladder."""
+import pytest
+import torch
+
+from course_utils import memory, planning
+
+
+def test_paper_example_reproduced():
+    gb = memory.paper_example(7.5e9, 64)
+    assert gb["0"] == pytest.approx(120.0)
+    assert gb["1"] == pytest.approx(31.4, abs=0.01)
+    assert gb["2"] == pytest.approx(16.6, abs=0.05)
+    assert gb["3"] == pytest.approx(1.875)
+
+
+@pytest.mark.parametrize("stage,expected", [(0, 16), (1, 8 + 8 / 4), (2, 4 + 12 / 4), (3, 16 / 4)])
+def test_fp32_formula(stage, expected):
+    assert memory.zero_formula(1000, stage, 4, "fp32")["total"] == pytest.approx(expected * 1000)
+
+
+def test_formula_rejects_bad_input():
+    with pytest.raises(ValueError, match="stage"):
+        memory.zero_formula(10, 4, 2)
+    with pytest.raises(ValueError, match="dtype"):
+        memory.zero_formula(10, 1, 2, "int8")
+
+
+def test_adjustments_only_where_deepspeed_differs():
+    psi, n = 1_000_000, 2
+    assert memory.deepspeed_expected(psi, 0, n, "bf16")["total"] == memory.zero_formula(psi, 0, n)["total"]
+    fp32_s3 = memory.deepspeed_expected(psi, 3, n, "fp32", persistent_numel=100)
+    assert fp32_s3["optimizer"] == pytest.approx(12 * psi / n)      # fp32 master copy on top of the moments
+    assert fp32_s3["params"] == pytest.approx(4 * psi / n + 400)    # persistent params stay whole
+    s1 = memory.deepspeed_expected(psi, 1, n, "bf16", grad_partition_numel=520_000)
+    assert s1["grads"] == 2 * 520_000                              # stage 1 partitions grads at the boundary
+
+
+class _Engine:
+    """Just enough of an engine for the tensor walk: a module and an optimizer with views and state."""
+
+    def __init__(self):
+        self.module = torch.nn.Linear(4, 4, bias=False)
+        flat = torch.zeros(16)
+        self.module.weight.data = flat.view(4, 4)             # the parameter is a view into a flat buffer
+        self.module.weight.grad = torch.zeros(4, 4)
+        master = torch.zeros(8, dtype=torch.float64)
+        self.optimizer = type("Opt", (), {})()
+        self.optimizer.bit16_groups_flat = [flat]
+        self.optimizer.single_partition_of_fp32_groups = [master]
+        self.optimizer.state = {"p": {"exp_avg": torch.zeros(8), "exp_avg_sq": torch.zeros(8)}}
+        self.optimizer.ipg_bucket_buffer = torch.zeros(100)
+        self.optimizer.__class__.__module__ = "deepspeed.fake"
+
+
+def test_inventory_counts_each_storage_once_and_sorts_it():
+    bytes_ = memory.model_state_bytes(memory.tensor_inventory(_Engine()))
+    assert bytes_["params"] == 16 * 4                # flat buffer once, not again for the view
+    assert bytes_["grads"] == 16 * 4
+    assert bytes_["optimizer"] == 8 * 8 + 2 * 8 * 4  # fp64 master + two moments
+    assert bytes_["buffers"] == 100 * 4
+    assert bytes_["model_states"] == bytes_["params"] + bytes_["grads"] + bytes_["optimizer"]
+
+
+def test_bucket_rule():
+    assert planning.overlap_comm_bucket_bytes(5e8, 5e8) == pytest.approx(9e9)
+    assert planning.overlap_comm_bucket_bytes(2e8, 2e8) == pytest.approx(3.6e9)
+
+
+def test_estimator_rows_match_deepspeed_formulas():
+    rows = planning.estimator_rows(int(1e9), int(1e8), gpus_per_node=8)
+    s2 = next(r for r in rows if r["stage"] == 2 and not r["offload_optimizer"])
+    assert s2["gpu_bytes"] == 2 * 1e9 + int(18 * 1e9 / 8)
+    s3 = next(r for r in rows if r["stage"] == 3 and not r["offload_optimizer"] and r["zero_init"])
+    assert s3["gpu_bytes"] == 4 * 1e8 + int(18 * 1e9 / 8)
+    assert len(rows) == 8
+
+
+def test_oom_ladder_picks_the_first_rung_that_fits():
+    work = planning.Workload(params=6.7e9, largest_layer=1.3e8, act_gb_per_sample=6, ckpt_act_gb_per_sample=1.5)
+    big = planning.first_fit(work, planning.Machine(gpu_gb=80, gpus=8, cpu_gb=1000))
+    assert big["rung"] == "ZeRO stage 2" and big["micro_batch"] > 1
+    small = planning.first_fit(work, planning.Machine(gpu_gb=24, gpus=1, cpu_gb=256))
+    assert small["rung"] == "ZeRO stage 2 + offload_optimizer"
+    nvme = planning.first_fit(work, planning.Machine(gpu_gb=24, gpus=1, cpu_gb=64, nvme_gb=2000))
+    assert nvme["rung"] == "ZeRO-Infinity: offload to NVMe"
+    assert [t["fits"] for t in nvme["tried"]][-1] and not any(t["fits"] for t in nvme["tried"][:-1])
+    none = planning.first_fit(work, planning.Machine(gpu_gb=8, gpus=1, cpu_gb=16))
+    assert none["rung"] is None
+
+
+def test_calculator_splits_offloaded_states():
+    parts = planning.per_rank_bytes(7.5, 64, 3, "optimizer", "bf16")
+    assert parts["optimizer"]["device"] == 0 and parts["optimizer"]["host"] == pytest.approx(7.5 * 12 / 64)
+    assert parts["params"]["device"] == pytest.approx(7.5 * 2 / 64)
+    widget, update = planning.calculator()
+    update()
