@@ -136,3 +136,17 @@ def resolution_table(written: dict, received: dict, filled: list[dict[str, Any]]
     source = {f["key"]: f["from"] for f in filled}
     return [{"key": k, "written": get_path(written, k), "received by DeepSpeed": get_path(received, k),
              "filled from": source.get(k, "(not filled)")} for k in auto_keys(written)]
+
+
+def leaf_paths(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested config as ``{"a.b.c": value}``."""
+    if isinstance(config, dict):
+        return {k: v for key, sub in config.items() for k, v in leaf_paths(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: config}
+
+
+def other_changes(written: dict, received: dict) -> dict[str, tuple[Any, Any]]:
+    """Values that changed on the way to DeepSpeed although they were not "auto": ``key → (written, received)``."""
+    before, after = leaf_paths(written), leaf_paths(received)
+    return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+            if before.get(k) != "auto" and before.get(k) != after.get(k)}

@@ -42,3 +42,9 @@ def test_auto_keys_and_resolution_table():
     assert rows[0] == {"key": "optimizer.params.lr", "written": "auto", "received by DeepSpeed": 0.001,
                        "filled from": "learning_rate"}
     assert rows[1]["filled from"] == "(not filled)"
+
+
+def test_other_changes_ignores_auto_and_reports_the_rest():
+    written = {"steps_per_print": 10, "optimizer": {"params": {"lr": "auto"}}, "stage": 2}
+    received = {"steps_per_print": float("inf"), "optimizer": {"params": {"lr": 0.1}}, "stage": 2}
+    assert hf_integration.other_changes(written, received) == {"steps_per_print": (10, float("inf"))}
