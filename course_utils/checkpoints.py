@@ -18,7 +18,7 @@ SEQ_LEN = 16
 
 
 def tiny_gpt2(seed: int = 0):
-    """A 2-layer GPT-2 (about 70 k parameters) built from a config, without dropout.
+    """A 2-layer GPT-2 (about 0.1 M parameters) built from a config, without dropout.
 
     No dropout means a training step depends only on the weights, the optimizer state and the batch:
     exactly what a DeepSpeed checkpoint holds. (With dropout, also save the RNG state in ``client_state``.)
@@ -27,7 +27,8 @@ def tiny_gpt2(seed: int = 0):
 
     torch.manual_seed(seed)
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(config)
 
 

@@ -33,6 +33,7 @@ parser.add_argument("--out", required=True, help="folder for checkpoints and exp
 parser.add_argument("--steps", type=int, default=4, help="train until this global step")
 parser.add_argument("--save_at", type=int, nargs="*", default=[], help="save a checkpoint after these steps")
 parser.add_argument("--load", default=None, help="checkpoint folder to resume from")
+parser.add_argument("--tag", default=None, help="which checkpoint of --load (default: the one named in `latest`)")
 parser.add_argument("--universal", action="store_true", help="--load names a universal checkpoint")
 args = parse_args(parser)
 
@@ -75,6 +76,7 @@ def live_weights(engine) -> dict:
 def save_live(engine, path: Path) -> None:
     weights = live_weights(engine)          # every rank takes part in the gather
     if rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(path))
 
 
@@ -90,16 +92,16 @@ if args.mode == "layout":
     shapes = {k: list(v.shape) for k, v in engine.module.state_dict().items()}
     record("zero3_state_dict_numel", sum(torch.Size(s).numel() for s in shapes.values()))
     record("zero3_state_dict_shapes", dict(list(shapes.items())[:3]))
-    record("save16_gather_on", engine.save_16bit_model(str(out / "stage3_16bit_on"), "model.safetensors"))
+    record("save16_gather_on", engine.save_16bit_model(str(out / "stage3_16bit_on")))
     engine = engine_for(3, stage3_gather_16bit_weights_on_model_save=False)
-    record("save16_gather_off", engine.save_16bit_model(str(out / "stage3_16bit_off"), "model.safetensors"))
+    record("save16_gather_off", engine.save_16bit_model(str(out / "stage3_16bit_off")))
     record("model_numel", sum(p.ds_numel for p in engine.module.parameters()))
 else:
     stage = base_config["zero_optimization"]["stage"]
     engine = engine_for(stage)
     first = 0
     if args.load:
-        path, client_state = engine.load_checkpoint(args.load)
+        path, client_state = engine.load_checkpoint(args.load, tag=args.tag)
         if path is None:
             raise FileNotFoundError(f"No checkpoint found in {args.load}")
         first = client_state["step"] if client_state else engine.global_steps

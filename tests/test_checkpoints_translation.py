@@ -1,0 +1,93 @@
+"""Fast unit tests of course_utils.checkpoints and course_utils.translation (no launches)."""
+import random
+
+import pytest
+import torch
+
+from course_utils import checkpoints as ck
+from course_utils import translation as tr
+
+
+def test_global_batch_is_the_same_for_any_number_of_ranks():
+    batch = ck.global_batch(3, 8)
+    assert torch.equal(batch, ck.global_batch(3, 8)), "data must be deterministic for resume checks"
+    assert torch.equal(torch.cat([ck.rank_slice(batch, r, 2) for r in range(2)]), batch)
+    assert torch.equal(ck.rank_slice(batch, 0, 1), batch)
+    assert not torch.equal(ck.global_batch(4, 8), batch)
+    with pytest.raises(ValueError, match="multiple of the number of ranks"):
+        ck.rank_slice(batch, 0, 3)
+
+
+def test_file_roles_name_every_checkpoint_file():
+    assert "tag" in ck.file_role("latest")
+    assert "rank 1" in ck.file_role("zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    assert "ZeRO-3" in ck.file_role("zero_pp_rank_0_mp_rank_00_model_states.pt")
+    assert "weights" in ck.file_role("mp_rank_00_model_states.pt")
+    assert "not a DeepSpeed" in ck.file_role("notes.txt")
+
+
+def test_max_abs_diff_and_series_diff():
+    a = {"w": torch.zeros(3), "b": torch.ones(2)}
+    b = {"w": torch.tensor([0.0, 0.5, 0.0]), "b": torch.ones(2)}
+    assert ck.max_abs_diff(a, b) == 0.5
+    with pytest.raises(KeyError):
+        ck.max_abs_diff(a, {"w": torch.zeros(3)})
+    assert ck.max_abs_series_diff([1.0, 2.0], [1.0, 2.25]) == 0.25
+    with pytest.raises(ValueError):
+        ck.max_abs_series_diff([1.0], [1.0, 2.0])
+
+
+def test_weights_only_accepts_tensors_and_refuses_objects(tmp_path):
+    torch.save({"w": torch.ones(2), "step": 3}, tmp_path / "ok.pt")
+    torch.save({"obj": random.Random(0)}, tmp_path / "bad.pt")
+    assert ck.try_weights_only(tmp_path / "ok.pt") == "ok"
+    assert ck.try_weights_only(tmp_path / "bad.pt").startswith("refused")
+
+
+def test_tiny_gpt2_is_seeded():
+    a, b = ck.tiny_gpt2(seed=0), ck.tiny_gpt2(seed=0)
+    assert ck.max_abs_diff(a.state_dict(), b.state_dict()) == 0.0
+
+
+def test_converters_ship_with_deepspeed():
+    assert ck.find_script("checkpoint/ds_to_universal.py").is_file()
+    assert ck.find_script("utils/zero_to_fp32.py").is_file()
+    with pytest.raises(FileNotFoundError):
+        ck.find_script("checkpoint/no_such_tool.py")
+
+
+def test_synthetic_language_reorders_and_agrees():
+    lex = tr.Lexicon.build(0)
+    sizes = lex.vocabulary_sizes()
+    assert 200 <= sizes["source_words"] <= 1000
+    rng = random.Random(0)
+    for _ in range(50):
+        src, tgt = lex.sentence_pair(rng)
+        s, t = src.split(), tgt.split()
+        verb = next(w for w in s if w in lex.verbs)
+        assert lex.verbs[verb] in (t[-1], t[-2]), "the verb moves to the end (before an optional adverb)"
+        noun = next(w for w in s if w in lex.nouns)
+        t_noun, gender = lex.nouns[noun]
+        assert t[0] == lex.determiners[s[0]][gender], "the determiner agrees with the noun"
+        assert t[1] == t_noun, "adjectives follow the noun"
+
+
+def test_corpus_tokenizer_and_model(tmp_path):
+    corpus = tr.synthetic_corpus(train=200, test=20, seed=1)
+    assert len(corpus["train"]) == 200 and len(corpus["test"]) == 20
+    train_src = {ex["src"] for ex in corpus["train"]["translation"]}
+    assert not train_src & {ex["src"] for ex in corpus["test"]["translation"]}, "test sentences are unseen"
+    tok = tr.train_tokenizer(corpus)
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    pair = corpus["train"][0]["translation"]
+    ids = tok(pair["tgt"])["input_ids"]
+    assert ids[-1] == 1 and tok.decode(ids, skip_special_tokens=True) == pair["tgt"]
+    model = tr.tiny_t5(tok, d_model=32, layers=1)
+    assert model.config.vocab_size == len(tok) and model.config.decoder_start_token_id == 0
+    out = tr.translate(model, tok, [pair["src"]], max_new_tokens=4)
+    assert len(out) == 1 and isinstance(out[0], str)
+
+
+def test_bleu():
+    assert tr.bleu(["lo javi un myju"], ["lo javi un myju"]) == pytest.approx(100.0)
+    assert tr.bleu(["xx yy zz ww"], ["lo javi un myju"]) < 5
