@@ -214,6 +214,20 @@ def _kill_group(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def _release_shm(port: int) -> None:
+    """Remove the shared-memory buffers DeepSpeed's CPU all-reduce (shm comm op) leaves behind.
+
+    Each CPU rank creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank> (about 66 MB)
+    and DeepSpeed never unlinks it (shm.cpp's shared_close is not called), so every launch would keep
+    ~66 MB per rank of RAM until reboot. The port is unique per launch, so these are this launch's own.
+    """
+    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_*"):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
 def _first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None, str]:
     """The rank that died first and its traceback: from the rank hook's records, else from the logs."""
     records = []
@@ -263,7 +277,8 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
         if not is_file:
             cfg_path.write_text(json.dumps(cfg, indent=2))
         args += [config_arg, paths.relative(cfg_path)]
-    commands = _commands(script_path, args, procs, nodes, free_port(), run_dir)
+    port = free_port()
+    commands = _commands(script_path, args, procs, nodes, port, run_dir)
     shown = "\n".join(f"cd {shlex.quote(str(paths.ROOT))} && " + shlex.join(["deepspeed", *c[1:]]) for c in commands)
     if not quiet:
         print(f"$ {shown}", flush=True)
@@ -307,6 +322,8 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     except BaseException:
         _kill_group(procs_)
         raise
+    finally:
+        _release_shm(port)
 
     _signal_groups(procs_, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
     seconds = time.monotonic() - started

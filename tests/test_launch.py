@@ -37,6 +37,8 @@ def test_success_returns_log_and_metrics():
     assert (result.run_dir / "launch.log").read_text().strip() == result.log.strip()
     assert result.command.split("&& ", 1)[1].startswith("deepspeed --num_gpus 2")
     assert not processes_of(result.run_dir)
+    port = result.command.split("--master_port ")[1].split()[0]
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), "shm buffers leaked"
 
 
 def test_failing_rank_is_named_while_its_peer_waits_in_a_collective():
