@@ -113,8 +113,8 @@ def reduce_scatter(t) -> tuple[Any, str]:
     """SUM-reduce ``t`` (world_size × k elements) and keep this rank's k-element slice.
 
     Tries both APIs torch offers, the list form ``dist.reduce_scatter`` and the flat-tensor form
-    (``dist.reduce_scatter_single``, called ``reduce_scatter_tensor`` before torch 2.13; the form
-    NCCL prefers), and reports which ones this backend runs.
+    (``dist.reduce_scatter_single``; older torch calls it ``reduce_scatter_tensor``, a name torch
+    2.13 deprecates; the form NCCL prefers), and reports which ones this backend runs.
     Where neither works, it falls back to all_reduce + slice (same result, about twice the traffic
     of a real reduce_scatter). Returns (slice, a note saying what worked).
     """

@@ -114,13 +114,14 @@ else:
     eval_loader = fns["shard_loader"](eval_set, batch_size, rank, world)
     gather = fns["gather_predictions"]
 record("train_batches_per_epoch", len(train_loader))
-record("first_batch", next(iter(train_loader))["idx"][:8])
 
 step, started = 0, time.perf_counter()
 for epoch in range(args.epochs):
     if hasattr(train_loader.sampler, "set_epoch"):
         train_loader.sampler.set_epoch(epoch)     # a new shuffle each epoch, the same on every rank
     for batch in train_loader:
+        if step == 0:
+            record("first_batch", batch["idx"][:8])   # which examples this rank trains on first
         out = engine(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                      labels=batch["label"].to(device))
         engine.backward(out.loss)
