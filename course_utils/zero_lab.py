@@ -15,7 +15,7 @@ from . import configs
 
 # ~13.8 M parameters: big enough that model states dwarf everything else, small enough for 2 CPU cores
 MODEL = {"vocab_size": 8192, "n_positions": 128, "n_embd": 384, "n_layer": 6, "n_head": 6}
-SEQ_LEN = 64
+SEQ_LEN = 32
 
 
 def build_model(seed: int = 0, **overrides: Any):
@@ -26,7 +26,7 @@ def build_model(seed: int = 0, **overrides: Any):
     torch.manual_seed(seed)
     special = MODEL["vocab_size"] - 1      # GPT-2's default token ids (50256) lie outside the small vocabulary
     config = GPT2Config(**{**MODEL, **overrides}, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        bos_token_id=special, eos_token_id=special, loss_type="ForCausalLM")
+                        bos_token_id=special, eos_token_id=special)
     return GPT2LMHeadModel(config)
 
 
@@ -35,7 +35,7 @@ def num_params(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def ds_config(stage: int, dtype: str = "bf16", micro_batch: int = 2, **zero: Any) -> dict:
+def ds_config(stage: int, dtype: str = "bf16", micro_batch: int = 1, **zero: Any) -> dict:
     """The course config ``configs/zero<stage>.json`` for ``dtype`` ("fp32" | "bf16" | "fp16") with a
     small micro-batch; extra keyword arguments go into ``zero_optimization``."""
     cfg, _ = configs.load(f"zero{stage}.json")
@@ -75,20 +75,16 @@ def accelerator_bytes() -> dict[str, int]:
     return {"allocated": int(acc.memory_allocated()), "peak": int(acc.max_memory_allocated())}
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def release(engine) -> None:
     """Drop an engine and everything it holds before the next one is built in the same process."""
     from deepspeed.accelerator import get_accelerator
 
+    import ctypes
+
     engine.destroy()
     gc.collect()
     get_accelerator().empty_cache()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)     # hand freed heap pages back, so the next RSS starts clean
 
 
 # ---------------------------------------------------------------- notebook 03: rows, table, plot
@@ -218,13 +214,22 @@ def reset_peak_rss() -> None:
         f.write("5")
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size since the last :func:`reset_peak_rss` (VmHWM from /proc/self/status)."""
+def _status_bytes(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmHWM line: peak RSS needs Linux.")
+    raise RuntimeError(f"/proc/self/status has no {key} line: RSS measurements need Linux.")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size since the last :func:`reset_peak_rss` (VmHWM)."""
+    return _status_bytes("VmHWM")
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now (VmRSS)."""
+    return _status_bytes("VmRSS")
 
 
 def placement_bytes(inventory, zero: dict, accelerator: str) -> dict[str, int]:
@@ -261,7 +266,8 @@ def ladder_rows(records: list[dict], rank: int = 0) -> list[dict]:
     """The ``rung`` records of one rank, in launch order, as the rows notebook 04 records."""
     return [{"name": r["value"]["name"], "step_seconds": r["value"]["step_seconds"],
              "device_bytes": r["value"]["device_bytes"], "host_bytes": r["value"]["host_bytes"],
-             "peak_rss": r["value"]["peak_rss"], "gathered_after_backward": r["value"]["gathered_after_backward"],
+             "peak_rss": r["value"]["peak_rss"], "rss_start": r["value"]["rss_start"], "gathered_after_backward": r["value"]["gathered_after_backward"],
+             "persistent_numel": r["value"]["persistent_numel"],
              "optimizer": r["value"]["optimizer"]}
             for r in records if r["name"] == "rung" and r["rank"] == rank]
 
@@ -286,3 +292,26 @@ def plot_ladder(rows: list[dict]):
         ax.set_xticks(list(x), names, rotation=35, ha="right", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def training_dtype() -> str:
+    """bf16 on an accelerator that supports it; fp32 on a CPU, where bf16 matrix products are emulated
+    (many times slower) unless the processor has AVX512-BF16 or AMX instructions."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    return "bf16" if acc.device_name() != "cpu" and acc.is_bf16_supported() else "fp32"
+
+
+def predicted_device_bytes(num_params: int, world_size: int, dtype: str) -> dict[str, float]:
+    """Accelerator bytes of model states per rung of :data:`LADDER`, from the (DeepSpeed-adjusted)
+    formula: what ``offload_optimizer`` / ``offload_param`` move off the accelerator is subtracted."""
+    from .memory import deepspeed_expected
+
+    out = {}
+    for name, (stage, zero) in LADDER.items():
+        states = deepspeed_expected(num_params, stage, world_size, dtype)
+        moved = ({"optimizer", "grads"} if "offload_optimizer" in zero else set()) | (
+            {"params"} if "offload_param" in zero else set())
+        out[name] = sum(states[c] for c in ("params", "grads", "optimizer") if c not in moved)
+    return out

@@ -20,7 +20,8 @@ from course_utils import record
 from course_utils.memory import tensor_inventory
 from course_utils.scripting import finish, parse_args, rank0_print
 from course_utils.zero_lab import (LADDER, accelerator_bytes, build_model, ds_config, forward_backward, gathered_numel,
-                                   nvme_offload, peak_rss_bytes, placement_bytes, release, reset_peak_rss)
+                                   current_rss_bytes, nvme_offload, peak_rss_bytes, placement_bytes, release, reset_peak_rss,
+                                   training_dtype)
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--rungs", nargs="*", default=list(LADDER), help=f"any of {list(LADDER)}")
@@ -35,7 +36,7 @@ rank = dist.get_rank()
 ACC = get_accelerator().device_name()
 
 
-DTYPE = "bf16" if get_accelerator().is_bf16_supported() else "fp32"
+DTYPE = training_dtype()
 
 
 def run(name: str, stage: int, zero: dict, client_optimizer=None, count_swap_in: str | None = None) -> None:
@@ -46,6 +47,7 @@ def run(name: str, stage: int, zero: dict, client_optimizer=None, count_swap_in:
         config["zero_force_ds_cpu_optimizer"] = False
     model = build_model()
     reset_peak_rss()
+    rss_start = current_rss_bytes()
     optimizer = client_optimizer(model.parameters()) if client_optimizer else None
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
                                       optimizer=optimizer)
@@ -55,15 +57,19 @@ def run(name: str, stage: int, zero: dict, client_optimizer=None, count_swap_in:
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         loss = forward_backward(engine, step)
+        backward_done = time.perf_counter()
         if stage == 3:
             live = max(live, gathered_numel(engine.module))
+        if step == args.steps:                  # measure where model states peak: after backward, before step
+            inventory = tensor_inventory(engine)
+        step_start = time.perf_counter()
         engine.step()
-        times.append(time.perf_counter() - start)
-    inventory = tensor_inventory(engine)
-    out = {"name": name, "rank": rank, "step_seconds": statistics.median(times),
+        times.append(backward_done - start + time.perf_counter() - step_start)
+    out = {"name": name, "rank": rank, "dtype": DTYPE, "step_seconds": statistics.median(times),
            **placement_bytes(inventory, config["zero_optimization"], ACC),
-           "peak_rss": peak_rss_bytes(), "accelerator_peak": accelerator_bytes()["peak"],
-           "gathered_after_backward": live, "optimizer": type(engine.optimizer.optimizer).__name__
+           "peak_rss": peak_rss_bytes(), "rss_start": rss_start, "accelerator_peak": accelerator_bytes()["peak"],
+           "gathered_after_backward": live,
+           "persistent_numel": sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False)), "optimizer": type(engine.optimizer.optimizer).__name__
            if hasattr(engine.optimizer, "optimizer") else type(engine.optimizer).__name__, "loss": loss}
     if count_swap_in:
         out["swap_files"] = sorted(str(p.relative_to(count_swap_in)) for p in Path(count_swap_in).rglob("*.swp"))

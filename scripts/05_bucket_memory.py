@@ -7,18 +7,17 @@ import argparse
 
 import deepspeed
 import torch.distributed as dist
-from deepspeed.accelerator import get_accelerator
 
 from course_utils import record
 from course_utils.memory import model_state_bytes, tensor_inventory
 from course_utils.scripting import finish, parse_args, rank0_print
-from course_utils.zero_lab import build_model, ds_config, forward_backward, release
+from course_utils.zero_lab import build_model, ds_config, forward_backward, release, training_dtype
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7], help="reduce_bucket_size values")
 args = parse_args(parser)
 deepspeed.init_distributed()
-dtype = "bf16" if get_accelerator().is_bf16_supported() else "fp32"
+dtype = training_dtype()
 
 for size in args.sizes:
     model = build_model()
