@@ -179,6 +179,45 @@ class _Streams:
                 return out
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: deliver SIGTERM to it if the process that started it dies.
+
+    Without it, a kernel killed outright (a restart, an OOM kill) leaves its launches running, since
+    none of our Python code gets the chance to clean up. Linux only; elsewhere a no-op.
+    """
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+# The launch's watchdog: a tiny process that gets SIGTERM when the kernel that started the launch dies
+# (see _die_with_parent) and then kills the launch's process groups. The deepspeed CLI does not forward
+# SIGTERM to its launcher on a single node, so killing the CLI alone would orphan the ranks.
+_WATCHDOG = """
+import os, signal, sys, time
+groups = [int(g) for g in sys.argv[1:]]
+def end(*_):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except OSError:
+                pass
+        time.sleep(3)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, end)
+while True:
+    time.sleep(1)
+"""
+
+
+def _start_watchdog(procs: list[subprocess.Popen]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, *(str(p.pid) for p in procs)],
+                            preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+
+
 def _signal_groups(procs: Iterable[subprocess.Popen], sig: int) -> None:
     """Send ``sig`` to the process group of each launcher (each was started in a session of its own)."""
     for p in procs:
@@ -286,6 +325,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     environment = _environment(run_dir, world_size, env)
     started = time.monotonic()
     procs_: list[subprocess.Popen] = []
+    watchdog: subprocess.Popen | None = None
     log_lines: list[str] = []
     timed_out = False
     try:
@@ -293,6 +333,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
             procs_.append(subprocess.Popen(cmd, cwd=paths.ROOT, env=environment, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, text=True, errors="replace",
                                            start_new_session=True))
+        watchdog = _start_watchdog(procs_)
         streams = _Streams(procs_, run_dir / "ranks")
 
         def emit(lines: list[str]) -> None:
@@ -323,6 +364,9 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
         _kill_group(procs_)
         raise
     finally:
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
         _release_shm(port)
 
     _signal_groups(procs_, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
@@ -362,7 +406,8 @@ def command(args: list[str], timeout: float = 300, cwd: Path | None = None, env:
     tool = Path(sys.executable).parent / args[0]
     argv = [str(tool) if tool.exists() else args[0], *map(str, args[1:])]
     proc = subprocess.Popen(argv, cwd=cwd or paths.ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+                            preexec_fn=_die_with_parent)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except BaseException:

@@ -127,3 +127,29 @@ def test_command_kills_a_hanging_tool():
         launch.command(["python", "-c", "import time; time.sleep(60)"], timeout=2)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
+
+
+def test_launch_dies_with_the_process_that_started_it(tmp_path):
+    """A kernel killed outright (SIGKILL) gets no chance to clean up: the launch must still end."""
+    import signal
+    import subprocess
+    import sys
+
+    starter = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from course_utils import launch; "
+        f"launch.deepspeed({str(SCRIPTS / 'sleep_forever.py')!r}, procs=2, timeout=300, name='orphan_check')")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    run_dir = None
+    while time.monotonic() < deadline and run_dir is None:
+        time.sleep(0.5)
+        dirs = [d for d in launch.paths.runs_dir().glob("*-orphan_check-*") if any(d.glob("ranks/*_rank1.log"))]
+        run_dir = dirs[0] if dirs else None
+    assert run_dir, "the launch did not start"
+    assert len(processes_of(run_dir)) >= 3
+    starter.send_signal(signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 30
+    while processes_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_of(run_dir), "ranks outlived the killed process that started them"
