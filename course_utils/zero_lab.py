@@ -266,7 +266,7 @@ def ladder_rows(records: list[dict], rank: int = 0) -> list[dict]:
     """The ``rung`` records of one rank, in launch order, as the rows notebook 04 records."""
     return [{"name": r["value"]["name"], "step_seconds": r["value"]["step_seconds"],
              "device_bytes": r["value"]["device_bytes"], "host_bytes": r["value"]["host_bytes"],
-             "peak_rss": r["value"]["peak_rss"], "rss_start": r["value"]["rss_start"], "gathered_after_backward": r["value"]["gathered_after_backward"],
+             "peak_rss": r["value"]["peak_rss"], "rss_start": r["value"]["rss_start"], "gathered_in_forward": r["value"]["gathered_in_forward"],
              "persistent_numel": r["value"]["persistent_numel"],
              "optimizer": r["value"]["optimizer"]}
             for r in records if r["name"] == "rung" and r["rank"] == rank]

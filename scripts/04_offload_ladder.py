@@ -53,13 +53,14 @@ def run(name: str, stage: int, zero: dict, client_optimizer=None, count_swap_in:
                                       optimizer=optimizer)
     forward_backward(engine, 0)
     engine.step()
-    times, live = [], 0
+    live = [0]          # stage 3: most parameter elements gathered whole when any module starts its forward
+    hooks = [m.register_forward_pre_hook(lambda *_: live.__setitem__(0, max(live[0], gathered_numel(engine.module))))
+             for m in engine.module.modules()] if stage == 3 else []
+    times = []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         loss = forward_backward(engine, step)
         backward_done = time.perf_counter()
-        if stage == 3:
-            live = max(live, gathered_numel(engine.module))
         if step == args.steps:                  # measure where model states peak: after backward, before step
             inventory = tensor_inventory(engine)
         step_start = time.perf_counter()
@@ -68,11 +69,13 @@ def run(name: str, stage: int, zero: dict, client_optimizer=None, count_swap_in:
     out = {"name": name, "rank": rank, "dtype": DTYPE, "step_seconds": statistics.median(times),
            **placement_bytes(inventory, config["zero_optimization"], ACC),
            "peak_rss": peak_rss_bytes(), "rss_start": rss_start, "accelerator_peak": accelerator_bytes()["peak"],
-           "gathered_after_backward": live,
-           "persistent_numel": sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False)), "optimizer": type(engine.optimizer.optimizer).__name__
-           if hasattr(engine.optimizer, "optimizer") else type(engine.optimizer).__name__, "loss": loss}
+           "gathered_in_forward": live[0],
+           "persistent_numel": sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False)),
+           "optimizer": type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__, "loss": loss}
     if count_swap_in:
         out["swap_files"] = sorted(str(p.relative_to(count_swap_in)) for p in Path(count_swap_in).rglob("*.swp"))
+    for h in hooks:
+        h.remove()
     record("rung", out)
     rank0_print(f"{name:28s} {out['step_seconds']:6.3f} s/step  device {out['device_bytes'] / 2**20:7.1f} MiB  "
                 f"host {out['host_bytes'] / 2**20:7.1f} MiB  peak RSS {out['peak_rss'] / 2**20:7.1f} MiB")

@@ -11,13 +11,14 @@ import torch.distributed as dist
 from course_utils import record
 from course_utils.memory import model_state_bytes, tensor_inventory
 from course_utils.scripting import finish, parse_args, rank0_print
-from course_utils.zero_lab import build_model, ds_config, forward_backward, release, training_dtype
+from course_utils.zero_lab import build_model, ds_config, forward_backward, release
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7], help="reduce_bucket_size values")
+parser.add_argument("--dtype", default="bf16", help="bf16 (mixed precision, what DeepSpeed's estimators assume) or fp32")
 args = parse_args(parser)
 deepspeed.init_distributed()
-dtype = training_dtype()
+dtype = args.dtype
 
 for size in args.sizes:
     model = build_model()

@@ -14,6 +14,7 @@ def test_planning_figures():
     assert gb["2"] == pytest.approx(16.6, abs=0.05) and gb["3"] == pytest.approx(1.9, abs=0.05)
     rows = m["estimator_rows"]
     assert {r["stage"] for r in rows} == {2, 3} and len({r["model"] for r in rows}) == 4
+    assert m["bucket_dtype"] == "bf16"
     assert all(r["gpu_bytes"] > 0 for r in rows)
     assert abs(m["estimate_gap"]) < 0.05, "measured stage-3 bytes must agree with DeepSpeed's estimate's components"
     buckets = m["bucket_buffer_bytes"]
