@@ -44,7 +44,7 @@ class Lexicon:
     determiners = {"the": {"m": "lo", "f": "la"}, "a": {"m": "un", "f": "una"}}
 
     @classmethod
-    def build(cls, seed: int = 0, nouns: int = 150, adjectives: int = 60, verbs: int = 80, adverbs: int = 30) -> "Lexicon":
+    def build(cls, seed: int = 0, nouns: int = 40, adjectives: int = 16, verbs: int = 24, adverbs: int = 10) -> "Lexicon":
         rng = random.Random(seed)
         taken: set = {"the", "a", "lo", "la", "un", "una"}
         src = lambda n: _words(rng, n, "bdfgklmnprstvz", "aeiou", (2, 3), taken)   # noqa: E731
@@ -151,7 +151,11 @@ def bleu(predictions: list[str], references: list[str]) -> float:
 
 def translate(model, tokenizer, sentences: list[str], prefix: str = "", batch_size: int = 64,
               max_new_tokens: int = 32) -> list[str]:
-    """Greedy translations with plain transformers (no DeepSpeed): how a handed-off model is used."""
+    """Greedy translations with plain transformers (no DeepSpeed): how a handed-off model is used.
+
+    ``synced_gpus=False``: once a ZeRO-3 config is registered in the process (by the Trainer's arguments),
+    ``generate`` would otherwise wait for every rank at each token, and a single rank would hang.
+    """
     import torch
 
     model.eval()
@@ -159,6 +163,7 @@ def translate(model, tokenizer, sentences: list[str], prefix: str = "", batch_si
     for i in range(0, len(sentences), batch_size):
         batch = tokenizer([prefix + s for s in sentences[i:i + batch_size]], return_tensors="pt", padding=True)
         with torch.no_grad():
-            generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+            generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                       synced_gpus=False)
         out += tokenizer.batch_decode(generated, skip_special_tokens=True)
     return out

@@ -1,0 +1,20 @@
+"""Notebook 10 (capstone) executed with papermill: BLEU must rise, and the hand-off must translate the same."""
+import pytest
+
+from conftest import run_notebook
+from course_utils import hardware
+
+NAME = "10_capstone_translation"
+pytestmark = pytest.mark.notebook
+
+
+def test_notebook_runs_and_records_its_figures():
+    m = run_notebook(NAME)
+    assert m["world_size"] == hardware.detect().default_procs
+    assert m["rule_bleu"] == pytest.approx(100.0, abs=0.1)
+    assert m["bleu_before"] < 5, "an untrained model cannot translate"
+    for key in ("bleu_after_zero2", "bleu_after_zero3"):
+        assert m[key] >= m["bleu_before"] + 5, f"{key}: training must raise BLEU clearly ({m})"
+    assert m["handoff_same_translations"] == m["handoff_compared"] > 0, "the handed-off model must translate as in the ranks"
+    assert m["export_matches_checkpoint"] is True
+    assert m["handoff_bleu"] == pytest.approx(m["bleu_after_zero3"], abs=1.0)
