@@ -97,7 +97,7 @@ def max_abs_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -
     missing = set(a) ^ set(b)
     if missing:
         raise KeyError(f"The state dicts hold different tensors: {sorted(missing)[:5]}")
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return max(float((a[k].detach().float() - b[k].detach().float()).abs().max()) for k in a)
 
 
 def max_abs_series_diff(a: Iterable[float], b: Iterable[float]) -> float:
