@@ -15,7 +15,7 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert m["memory_order_as_formula"] is True, "the measured memory order must follow the formula for this N"
     assert ladder["stage 2 + offload"]["host_bytes"] > 0 and ladder["stage 2"]["host_bytes"] == 0
     assert ladder["stage 3 + offload"]["device_bytes"] < 0.2 * ladder["stage 3"]["device_bytes"]
-    assert ladder["stage 0"]["device_bytes"] > 2 * ladder["stage 3"]["device_bytes"]
+    assert ladder["stage 0"]["device_bytes"] > 1.5 * ladder["stage 3"]["device_bytes"]   # 16Ψ vs 16Ψ/N (20Ψ/N in fp32)
     assert m["nvme_swap_files"] >= 2
     assert m["client_optimizer_refused"] is True
     knobs = {r["name"]: r for r in m["knobs"]}
