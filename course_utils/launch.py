@@ -414,5 +414,5 @@ def command(args: list[str], timeout: float = 300, cwd: Path | None = None, env:
         _kill_group([proc])
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"`{shlex.join(args)}` exited with {proc.returncode}:\n{_tail(out)}")
+        raise RuntimeError(f"`{shlex.join(map(str, args))}` exited with {proc.returncode}:\n{_tail(out)}")
     return out
