@@ -27,8 +27,12 @@ def timed(fn) -> float:
 
 
 def bare_launch() -> None:
-    subprocess.run([str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(launch.free_port()), str(HELLO)],
-                   cwd=paths.ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    port = launch.free_port()
+    try:
+        subprocess.run([str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), str(HELLO)],
+                       cwd=paths.ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    finally:
+        launch.release_shm_buffers(port)     # the runner does this itself; a bare launch leaks them
 
 
 def runner_launch() -> None:

@@ -253,7 +253,7 @@ def _kill_group(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def _release_shm(port: int) -> None:
+def release_shm_buffers(port: int) -> None:
     """Remove the shared-memory buffers DeepSpeed's CPU all-reduce (shm comm op) leaves behind.
 
     Each CPU rank creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank> (about 66 MB)
@@ -367,7 +367,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
         if watchdog is not None:
             watchdog.kill()
             watchdog.wait()
-        _release_shm(port)
+        release_shm_buffers(port)
 
     _signal_groups(procs_, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
     seconds = time.monotonic() - started
