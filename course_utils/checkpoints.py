@@ -13,6 +13,8 @@ from typing import Iterable, Mapping
 
 import torch
 
+from . import models
+
 VOCAB = 64
 SEQ_LEN = 16
 
@@ -23,13 +25,8 @@ def tiny_gpt2(seed: int = 0):
     No dropout means a training step depends only on the weights, the optimizer state and the batch:
     exactly what a DeepSpeed checkpoint holds. (With dropout, also save the RNG state in ``client_state``.)
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(config)
+    return models.tiny_gpt2(VOCAB, SEQ_LEN, n_embd=64, n_layer=2, n_head=2, seed=seed, dropout=0.0,
+                            special_token_id=0)
 
 
 def sample(index: int) -> torch.Tensor:

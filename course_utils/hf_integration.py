@@ -11,6 +11,8 @@ import copy
 from functools import partialmethod
 from typing import Any, Iterator
 
+from . import models
+
 # ---- a model and data set small enough for 2 CPU cores ------------------------------------------
 
 VOCAB = 64
@@ -19,11 +21,7 @@ SEQ_LEN = 16
 
 def tiny_gpt2_for_trainer(seed: int = 0):
     """A 2-layer GPT-2 language model (~40k parameters) built from a config: nothing is downloaded."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=SEQ_LEN))
+    return models.tiny_gpt2(VOCAB, SEQ_LEN, n_embd=32, n_layer=2, n_head=2, seed=seed)
 
 
 def counting_dataset(rows: int = 64, seed: int = 0):

@@ -27,6 +27,27 @@ def tiny_bert_classifier(vocab_size: int, num_labels: int, hidden_size: int = 64
     return BertForSequenceClassification(config)
 
 
+def tiny_gpt2(vocab_size: int, n_positions: int, n_embd: int, n_layer: int, n_head: int, seed: int = 0,
+              dropout: float | None = None, special_token_id: int | None = None):
+    """A ``GPT2LMHeadModel`` with random weights from ``seed`` (``gpt2`` is 50257/1024/768/12/12).
+
+    ``dropout=0.0`` removes every dropout, so a training step depends only on weights, optimizer state
+    and batch (None keeps GPT-2's defaults); ``special_token_id`` sets bos/eos inside a small vocabulary.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    extra = {}
+    if dropout is not None:
+        extra.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    if special_token_id is not None:
+        extra.update(bos_token_id=special_token_id, eos_token_id=special_token_id)
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
+                        n_head=n_head, **extra)
+    return GPT2LMHeadModel(config)
+
+
 def count_parameters(model) -> int:
-    """Number of trainable parameters."""
+    """Number of trainable parameters (Ψ; tied weights counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

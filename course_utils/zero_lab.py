@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from . import configs
+from . import configs, models
 
 # ~13.8 M parameters: big enough that model states dwarf everything else, small enough for 2 CPU cores
 MODEL = {"vocab_size": 8192, "n_positions": 128, "n_embd": 384, "n_layer": 6, "n_head": 6}
@@ -20,19 +20,11 @@ SEQ_LEN = 32
 
 def build_model(seed: int = 0, **overrides: Any):
     """The course GPT-2 (``GPT2LMHeadModel``) from a ``GPT2Config``: same seed, same weights on every rank."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
     special = MODEL["vocab_size"] - 1      # GPT-2's default token ids (50256) lie outside the small vocabulary
-    config = GPT2Config(**{**MODEL, **overrides}, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        bos_token_id=special, eos_token_id=special)
-    return GPT2LMHeadModel(config)
+    return models.tiny_gpt2(**{**MODEL, **overrides}, seed=seed, dropout=0.0, special_token_id=special)
 
 
-def num_params(model) -> int:
-    """Ψ: the number of distinct trainable parameters (tied weights counted once)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+num_params = models.count_parameters    # Ψ, as the notebooks call it
 
 
 def ds_config(stage: int, dtype: str = "bf16", micro_batch: int = 1, **zero: Any) -> dict:
