@@ -16,8 +16,6 @@ from typing import Any, Iterator
 
 from .paths import CONFIGS
 
-# Keys DeepSpeed reads outside DeepSpeedConfig's parsing (engine, launcher, HF integration).
-_READ_ELSEWHERE = {"tensor_parallel", "compile", "zenflow", "steps_per_print", "wall_clock_breakdown"}
 # ZeRO options that only stage 3 reads; with a lower stage they do nothing.
 _STAGE3_ONLY_PREFIX = "stage3_"
 _STAGE3_ONLY = {"offload_param", "sub_group_size", "zero_hpz_partition_size", "zero_quantized_weights",
@@ -181,12 +179,11 @@ def _key_path(cfg: dict, loc: tuple) -> str:
 
 
 def _check_top_level(cfg: dict, read: set, name: str) -> None:
-    known = read | _READ_ELSEWHERE
-    unknown = [k for k in cfg if k not in known]
+    unknown = [k for k in cfg if k not in read]
     if unknown:
         lines = []
         for k in unknown:
-            close = difflib.get_close_matches(k, sorted(str(x) for x in known), n=1)
+            close = difflib.get_close_matches(k, sorted(str(x) for x in read), n=1)
             lines.append(f"  {k!r}" + (f": did you mean {close[0]!r}?" if close else ""))
         raise ConfigError(f"{name}: DeepSpeed never reads these top-level keys, so they would be ignored "
                           f"silently:\n" + "\n".join(lines) + "\nRename or remove them.")

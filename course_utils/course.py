@@ -37,6 +37,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
 
     output.parent.mkdir(parents=True, exist_ok=True)
     metrics_file = paths.metrics_dir() / f"{notebook.stem}.json"
+    metrics_file.unlink(missing_ok=True)     # the report shows this run's figures only, never stale ones
     started = time.monotonic()
     error = ""
     try:
