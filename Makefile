@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.course-setup
 KERNEL := deepspeed-course
+TEST_WORKERS ?= 2
 
 .PHONY: setup course test lab student bench clean help
 
@@ -17,7 +18,7 @@ help:
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml course_utils/ops.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -31,7 +32,7 @@ course: setup
 	$(PY) -m course_utils.course run
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

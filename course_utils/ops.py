@@ -13,7 +13,7 @@ from pathlib import Path
 
 # Builder class names as DeepSpeed's accelerator knows them; which ones matter depends on the machine.
 COURSE_OPS = {
-    "cpu": ["ShareMemCommBuilder", "CPUAdamBuilder", "AsyncIOBuilder"],
+    "cpu": ["ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder", "AsyncIOBuilder"],
     "cuda": ["CPUAdamBuilder", "AsyncIOBuilder", "FusedAdamBuilder"],
 }
 

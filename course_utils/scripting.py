@@ -34,13 +34,26 @@ def rank0_print(*args, **kwargs) -> None:
 
 
 def finish() -> None:
-    """End a rank cleanly: wait for every rank, then tear the process group down.
+    """End a rank cleanly: wait for every rank, tear the process group down, and leave.
 
-    Without this, a rank that exits while its peers still hold connections to it can abort in
-    gloo's destructor ("terminate called without an active exception").
+    Every rank's results are written before the barrier, so once it returns the work is complete.
+    The process then ends with ``os._exit(0)`` instead of a normal interpreter shutdown: objects
+    that DeepSpeed still holds (engines, ZeRO's process groups) would otherwise be destroyed
+    during finalization, and gloo's worker threads occasionally abort there ("terminate called
+    without an active exception"), failing a launch whose work had finished. ``atexit``
+    handlers, logging and the standard streams are flushed first, so nothing is lost.
     """
+    import atexit
+    import logging
+    import sys
+
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
