@@ -3,11 +3,13 @@
 1. Runner overhead: course_utils.launch.deepspeed against a bare `deepspeed` command running the same
    hello script (goal: ≤ 1.10×).
 2. What a launch costs against `python -c "import deepspeed"` (the interpreter starts it contains).
-3. With --notebooks: the wall time of the notebook part of `make test` (pytest -m notebook).
+3. With --tests: the wall time of `make test`'s pytest run, on the same workers (goal ≤ 10 min on 2 cores).
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -47,7 +49,7 @@ def import_deepspeed() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--notebooks", action="store_true", help="also time the notebook tests")
+    parser.add_argument("--tests", action="store_true", help="also time the whole test suite as `make test` runs it")
     a = parser.parse_args()
     runner_launch()                                   # warm caches (JIT ops, page cache) once
     rows = {}
@@ -61,9 +63,11 @@ def main() -> None:
     per_import = rows["python -c 'import deepspeed'"]
     print(f"a 2-rank launch costs {rows['bare deepspeed launch'] / per_import:.1f}× "
           f"one `import deepspeed`")
-    if a.notebooks:
-        t = timed(lambda: subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "notebook"], cwd=paths.ROOT))
-        print(f"notebook tests (pytest -m notebook): {t:.0f} s wall")
+    if a.tests:
+        workers = os.environ.get("TEST_WORKERS", "2")
+        command = [sys.executable, "-m", "pytest", "-q", "-n", workers, "--maxschedchunk", "1"]
+        t = timed(lambda: subprocess.run(command, cwd=paths.ROOT, check=True))
+        print(f"test suite ({shlex.join(command[1:])}): {t:.0f} s wall = {t / 60:.1f} min (goal ≤ 10 min on 2 cores)")
 
 
 if __name__ == "__main__":
