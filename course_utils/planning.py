@@ -192,9 +192,16 @@ def draw_per_rank(ax, params_b: float, ranks: int, stage: int, offload: str, dty
 
 def calculator():
     """An ipywidgets calculator of per-rank model-state bytes. Returns (widget, update): call
-    ``update()`` once so that a non-interactive run (papermill) also shows a figure."""
+    ``update()`` once so that a non-interactive run (papermill) also shows a figure.
+
+    The figure is a display with an id that each slider move replaces (``DisplayHandle.update``), not an
+    ``ipywidgets.Output``: a headless executor such as nbclient answers every write into an Output widget
+    with a comm message on the shell channel, and those can strand the cell's execute_reply (the cell
+    then never finishes). A display handle needs nothing back from the frontend.
+    """
     import ipywidgets as w
     import matplotlib.pyplot as plt
+    from IPython.display import display
 
     controls = {
         "params_b": w.FloatLogSlider(value=7.5, base=10, min=-2, max=3, description="params (B)"),
@@ -203,16 +210,20 @@ def calculator():
         "offload": w.Dropdown(options=list(OFFLOAD), value="none", description="offload"),
         "dtype": w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="dtype"),
     }
-    out = w.Output()
+    shown: dict[str, Any] = {}
+
+    def figure():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        draw_per_rank(ax, **{k: c.value for k, c in controls.items()})
+        plt.close(fig)            # shown through the display handle only, not again at the end of the cell
+        return fig
 
     def update(**_: Any) -> None:
-        values = {k: c.value for k, c in controls.items()}
-        with out:
-            out.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            draw_per_rank(ax, **values)
-            plt.show()
+        if shown.get("handle") is None:
+            shown["handle"] = display(figure(), display_id=True)
+        else:
+            shown["handle"].update(figure())
 
     for c in controls.values():
         c.observe(lambda change: update(), names="value")
-    return w.VBox([*controls.values(), out]), update
+    return w.VBox(list(controls.values())), update

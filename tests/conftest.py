@@ -11,6 +11,7 @@ from course_utils import paths
 from course_utils.course import execute
 
 SMOKE = {"SMOKE": True}
+CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its own, shorter timeout), far below CI's limit
 
 # Seconds each notebook's tests took with the smoke parameters on 2 CPU cores. `make test` runs the tests
 # on two workers (pytest-xdist); starting the longest first keeps both workers busy to the end.
@@ -43,7 +44,8 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     Fails the test with the failing cell and its error when the notebook does not run through.
     """
     notebook = source or paths.NOTEBOOKS / f"{name}.ipynb"
-    outcome = execute(notebook, paths.build_dir() / "executed" / notebook.name, {**SMOKE, **(parameters or {})})
+    outcome = execute(notebook, paths.build_dir() / "executed" / notebook.name, {**SMOKE, **(parameters or {})},
+                      cell_timeout=CELL_TIMEOUT)
     if not outcome.ok:
         pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"
@@ -67,7 +69,7 @@ def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) ->
     exercises = sum(c.source.count(BEGIN) for c in nbformat.read(str(source), as_version=4).cells)
     copy = student_copy(source, tmp_path)
     nb = parameterize_notebook(load_notebook_node(str(copy)), {**SMOKE, **(parameters or {})})
-    NotebookClient(nb, timeout=1800, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=CELL_TIMEOUT, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
     errors = [o.ename for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.output_type == "error"]
     return exercises, errors

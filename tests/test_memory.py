@@ -94,3 +94,23 @@ def test_calculator_splits_offloaded_states():
     assert parts["params"]["device"] == pytest.approx(7.5 * 2 / 64)
     widget, update = planning.calculator()
     update()
+
+
+def test_calculator_redraws_its_figure_when_a_slider_moves():
+    """In a real kernel: the calculator shows one figure, and moving a slider replaces that same display."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from course_utils import planning\n"
+                                  "widget, update = planning.calculator()\ndisplay(widget)\nupdate()"),
+        nbformat.v4.new_code_cell("widget.children[1].value = 4   # ranks: 64 → 4"),
+    ])
+    NotebookClient(nb, kernel_name="deepspeed-course", timeout=120).execute()
+    images = [o for o in nb.cells[0].outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 1, "one figure, updated in place"
+    assert nb.cells[1].outputs == [], "the slider's redraw goes to the calculator's figure, not to the cell that moved it"
+    fresh = NotebookClient(nbformat.v4.new_notebook(cells=[nb.cells[0].copy()]), kernel_name="deepspeed-course",
+                           timeout=120)
+    before = fresh.execute().cells[0].outputs
+    assert images[0]["data"]["image/png"] != next(o for o in before if "image/png" in o.get("data", {}))["data"]["image/png"]
