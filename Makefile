@@ -41,7 +41,7 @@ student: setup
 	$(PY) -m course_utils.student
 
 bench: setup
-	TEST_WORKERS=$(TEST_WORKERS) $(PY) bench/bench_launch.py $(BENCH_ARGS)
+	$(PY) bench/bench_launch.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build

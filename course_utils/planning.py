@@ -210,7 +210,7 @@ def calculator():
         "offload": w.Dropdown(options=list(OFFLOAD), value="none", description="offload"),
         "dtype": w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="dtype"),
     }
-    shown: dict[str, Any] = {}
+    handle = None
 
     def figure():
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -219,10 +219,11 @@ def calculator():
         return fig
 
     def update(**_: Any) -> None:
-        if shown.get("handle") is None:
-            shown["handle"] = display(figure(), display_id=True)
+        nonlocal handle
+        if handle is None:
+            handle = display(figure(), display_id=True)
         else:
-            shown["handle"].update(figure())
+            handle.update(figure())
 
     for c in controls.values():
         c.observe(lambda change: update(), names="value")

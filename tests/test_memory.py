@@ -101,16 +101,16 @@ def test_calculator_redraws_its_figure_when_a_slider_moves():
     import nbformat
     from nbclient import NotebookClient
 
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("from course_utils import planning\n"
-                                  "widget, update = planning.calculator()\ndisplay(widget)\nupdate()"),
-        nbformat.v4.new_code_cell("widget.children[1].value = 4   # ranks: 64 → 4"),
-    ])
-    NotebookClient(nb, kernel_name="deepspeed-course", timeout=120).execute()
-    images = [o for o in nb.cells[0].outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 1, "one figure, updated in place"
-    assert nb.cells[1].outputs == [], "the slider's redraw goes to the calculator's figure, not to the cell that moved it"
-    fresh = NotebookClient(nbformat.v4.new_notebook(cells=[nb.cells[0].copy()]), kernel_name="deepspeed-course",
-                           timeout=120)
-    before = fresh.execute().cells[0].outputs
-    assert images[0]["data"]["image/png"] != next(o for o in before if "image/png" in o.get("data", {}))["data"]["image/png"]
+    def run(*sources: str) -> list:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+        return NotebookClient(nb, kernel_name="deepspeed-course", timeout=120).execute().cells
+
+    def png(outputs: list) -> list[str]:
+        return [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
+
+    show = "from course_utils import planning\nwidget, update = planning.calculator()\ndisplay(widget)\nupdate()"
+    moved = run(show, "widget.children[1].value = 4   # ranks: 64 → 4")
+    first = run(show)
+    assert len(png(moved[0].outputs)) == len(png(first[0].outputs)) == 1, "one figure, updated in place"
+    assert moved[1].outputs == [], "the redraw goes to the calculator's figure, not to the cell that moved the slider"
+    assert png(moved[0].outputs) != png(first[0].outputs), "moving the slider must redraw the figure"
