@@ -1,18 +1,33 @@
-"""Helpers of the DeepSpeed hands-on course.
+"""Helpers of the DeepSpeed hands-on course, in two sides along the process boundary.
 
-Notebooks import this package and stay thin: :mod:`course_utils.launch` runs the real ``deepspeed``
-launcher, :mod:`course_utils.configs` checks DeepSpeed configs, :mod:`course_utils.checks` checks
-exercises, and :func:`start` opens a notebook and records its figures.
+- :mod:`course_utils.rank` — what the launched ranks (``scripts/*.py``) import: recording, script
+  scaffolding, rank identity and collectives, engine helpers, memory probes, models, data, the Trainer
+  on ranks, and the pure rules both sides share (:mod:`course_utils.rank.zero_rules`).
+- the notebook side — :mod:`~course_utils.launch` (the runner), :mod:`~course_utils.configs` (config
+  checks), :mod:`~course_utils.checks` (exercise checks), :mod:`~course_utils.notebook` (:func:`start`),
+  :mod:`~course_utils.hardware`, :mod:`~course_utils.planning`, :mod:`~course_utils.views` (tables and
+  plots per topic), :mod:`~course_utils.scripts` (the scripts' record declarations). Ranks never import it.
+- :mod:`course_utils.paths` (standard library only) serves both.
+
+Importing this package imports nothing else and changes nothing: ``cu.checks``, ``cu.start`` … are
+imported on first use.
 """
-import os as _os
-import sys as _sys
+import importlib as _importlib
 
-# DeepSpeed's JIT-built ops (cpu_adam, async_io, shm comm) are cached per environment, so two clones or
-# virtual environments never rebuild over each other's builds. Ranks inherit it from the environment.
-_os.environ.setdefault("TORCH_EXTENSIONS_DIR", _os.path.join(_sys.prefix, "torch_extensions"))
+_SUBMODULES = {"checks", "checkpoints", "compare", "configs", "course", "hardware", "launch", "nbtools", "notebook",
+               "ops", "paths", "planning", "rank", "scripts", "student", "views"}
+_FROM_NOTEBOOK = {"start", "Notebook"}
 
-from . import checks, configs, hardware, launch, paths
-from .notebook import Notebook, start
-from .record import record
+__all__ = sorted(_SUBMODULES | _FROM_NOTEBOOK)
 
-__all__ = ["checks", "configs", "hardware", "launch", "paths", "record", "start", "Notebook"]
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    if name in _FROM_NOTEBOOK:
+        return getattr(_importlib.import_module(f"{__name__}.notebook"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

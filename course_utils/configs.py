@@ -11,6 +11,7 @@ import contextlib
 import copy
 import difflib
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,12 +57,16 @@ def load(config: dict | str | Path) -> tuple[dict, str]:
     return data, str(path)
 
 
-def _auto_paths(node: Any, prefix: str = "") -> Iterator[str]:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _auto_paths(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
-    elif node == "auto":
-        yield prefix
+def leaf_paths(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested config as ``{"a.b.c": value}``, in the config's order."""
+    if isinstance(config, dict):
+        return {k: v for key, sub in config.items() for k, v in leaf_paths(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: config}
+
+
+def auto_keys(config: dict) -> list[str]:
+    """Dotted paths of every "auto" value in a config (what the Hugging Face Trainer must fill)."""
+    return [k for k, v in leaf_paths(config).items() if isinstance(v, str) and v == "auto"]
 
 
 def _without_auto(cfg: dict) -> dict:
@@ -135,18 +140,31 @@ def _deepspeed_parse(cfg: dict, world_size: int, name: str) -> tuple[Any, set]:
         with _world_of(world_size):
             parsed = DeepSpeedConfig(recording)
     except ValidationError as e:
-        fields = _model_fields(e.title)
-        problems = []
-        for err in e.errors():
-            key = str(err["loc"][-1]) if err["loc"] else "?"
-            close = difflib.get_close_matches(key, fields, n=1)
-            problems.append(f"  {_key_path(cfg, err['loc'])}: {err['msg']}"
-                            + (f" — did you mean {close[0]!r}?" if close else ""))
+        problems = [f"  {_key_path(cfg, err['loc'])}: {_problem(err, _model_fields(e.title))}" for err in e.errors()]
         raise ConfigError(f"DeepSpeed rejects {name}:\n" + "\n".join(problems)) from None
     except (AssertionError, ValueError, KeyError, TypeError) as e:
         hint = _batch_hint(world_size) if "batch" in str(e) else ""
         raise ConfigError(f"DeepSpeed rejects {name} (world size {world_size}): {e}{hint}") from None
     return parsed, recording.seen
+
+
+def _problem(err: dict, fields: list[str]) -> str:
+    """One pydantic error of DeepSpeed's config model, said plainly.
+
+    Pydantic's own wording is clumsy for configs: an enum error lists DeepSpeed's aliases
+    ("0, 1, 2, 3 or 3" for the stage, whose enum has ``max_stage = 3``), and an unknown key reads
+    "Extra inputs are not permitted". A spelling suggestion is offered only for an unknown key.
+    """
+    given = json.dumps(err.get("input"), default=str)
+    if err["type"] == "extra_forbidden":
+        key = str(err["loc"][-1])
+        close = difflib.get_close_matches(key, fields, n=1)
+        return ("DeepSpeed has no such option" + (f"; did you mean {close[0]!r}?" if close else
+                                                  f". Options here: {', '.join(sorted(set(fields)))}"))
+    if err["type"] == "enum":
+        choices = list(dict.fromkeys(c.strip() for c in re.split(r",| or ", err["ctx"]["expected"]) if c.strip()))
+        return f"{given} is not allowed; use one of {', '.join(choices)}"
+    return f"{given} is not allowed: {err['msg'][0].lower()}{err['msg'][1:]}"
 
 
 def _batch_hint(world_size: int) -> str:
@@ -234,7 +252,7 @@ def validate(config: dict | str | Path, world_size: int = 1, trainer: bool = Fal
     ``trainer=True`` allows "auto" values, which only the Hugging Face Trainer fills in.
     """
     cfg, name = load(config)
-    autos = list(_auto_paths(cfg))
+    autos = auto_keys(cfg)
     if autos and not trainer:
         raise ConfigError(f"{name}: \"auto\" values ({', '.join(autos)}) are filled in only by the Hugging Face "
                           f"Trainer. For a plain deepspeed.initialize script, write numbers instead; for a "

@@ -9,6 +9,8 @@ import functools
 import os
 from dataclasses import dataclass, field
 
+from . import paths
+
 CPU_DEFAULT_PROCS = 2
 
 
@@ -43,7 +45,12 @@ class Hardware:
 
 @functools.lru_cache(maxsize=None)
 def detect() -> Hardware:
-    """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once)."""
+    """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once).
+
+    It also points this process (and, through the environment, every launch from it) at the course's
+    JIT-built DeepSpeed ops (:func:`paths.use_course_torch_extensions`), before DeepSpeed is imported.
+    """
+    paths.use_course_torch_extensions()
     import torch
 
     if not torch.cuda.is_available():      # skip DeepSpeed's probing (and its warning) on a CPU machine

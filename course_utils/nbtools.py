@@ -1,4 +1,4 @@
-"""Notebook files of the course: write one from cells, strip outputs, list the stored notebooks.
+"""Notebook files of the course: list the stored notebooks, strip their outputs.
 
 Notebooks are stored without outputs or execution counts (a test enforces it). After working in
 JupyterLab, ``python -m course_utils.nbtools strip notebooks/*.ipynb`` makes them storable again.
@@ -12,31 +12,9 @@ import nbformat
 
 from .paths import NOTEBOOKS
 
-KERNEL = {"name": "deepspeed-course", "display_name": "DeepSpeed course (.venv)", "language": "python"}
-
-
 def notebooks() -> list[Path]:
     """The course notebooks in order (00_… to 10_…)."""
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-
-
-def write(path: Path | str, cells: list[tuple[str, str]]) -> None:
-    """Write a notebook from ``(kind, source)`` pairs; kind is "md", "code" or "parameters"."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = KERNEL
-    nb.metadata["language_info"] = {"name": "python"}
-    for kind, source in cells:
-        source = source.strip("\n")
-        if kind == "md":
-            nb.cells.append(nbformat.v4.new_markdown_cell(source))
-        else:
-            cell = nbformat.v4.new_code_cell(source)
-            if kind == "parameters":
-                cell.metadata["tags"] = ["parameters"]
-            nb.cells.append(cell)
-    for i, cell in enumerate(nb.cells):       # stable ids keep diffs small
-        cell["id"] = f"c{i:02d}"
-    nbformat.write(nb, str(path))
 
 
 def strip(path: Path | str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hardware, paths
-from .record import _plain
+from .rank.record import plain
 
 
 class Notebook:
@@ -28,9 +28,9 @@ class Notebook:
         path = self.metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)
         data = json.loads(path.read_text()) if path.exists() else {}
-        data.update(_plain(figures))
+        data.update(plain(figures))
         path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        shown = ", ".join(f"{k}={json.dumps(_plain(v))[:60]}" for k, v in figures.items())
+        shown = ", ".join(f"{k}={json.dumps(plain(v))[:60]}" for k, v in figures.items())
         print(f"recorded → {paths.relative(path)}: {shown}")
 
     def metrics(self) -> dict:

@@ -6,10 +6,15 @@ the same question ``ds_report`` answers.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from . import paths
+
+paths.use_course_torch_extensions()      # build into (and report on) <venv>/torch_extensions, where the ranks look
 
 # Builder class names as DeepSpeed's accelerator knows them; which ones matter depends on the machine.
 COURSE_OPS = {
@@ -51,22 +56,8 @@ def build_all() -> int:
     return max(w.wait() for w in workers)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--build", action="store_true")
-    parser.add_argument("--one")
-    a = parser.parse_args()
-    if a.one:
-        _build_one(a.one)
-    elif a.build:
-        sys.exit(build_all())
-    else:
-        for op, ok in status().items():
-            print(f"{op:24s} {'can build' if ok else 'cannot build here'}")
-
-
-_ANSI = __import__("re").compile(r"\x1b\[[0-9;]*m")
-_OP_LINE = __import__("re").compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_OP_LINE = re.compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]")
 
 
 def ds_report_table(report_text: str) -> list[dict]:
@@ -82,3 +73,17 @@ def ds_report_table(report_text: str) -> list[dict]:
             rows.append({"op": op, "installed": m.group(2) == "YES", "compatible": m.group(3) == "OKAY",
                          "built_in_cache": any(True for _ in built)})
     return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--build", action="store_true")
+    parser.add_argument("--one")
+    a = parser.parse_args()
+    if a.one:
+        _build_one(a.one)
+    elif a.build:
+        sys.exit(build_all())
+    else:
+        for op, ok in status().items():
+            print(f"{op:24s} {'can build' if ok else 'cannot build here'}")

@@ -6,6 +6,7 @@ so a learner always knows where to look and ``make clean`` removes it all.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(os.environ.get("COURSE_ROOT") or Path(__file__).resolve().parent.parent)
@@ -41,3 +42,14 @@ def relative(path: Path | str) -> str:
         return str(p.relative_to(ROOT))
     except ValueError:
         return str(p)
+
+
+def torch_extensions_dir() -> Path:
+    """Where DeepSpeed's JIT-built ops (cpu_adam, async_io, shm comm) are cached: ``<venv>/torch_extensions``,
+    so two clones or virtual environments never rebuild over each other's builds."""
+    return Path(sys.prefix) / "torch_extensions"
+
+
+def use_course_torch_extensions() -> None:
+    """Default ``TORCH_EXTENSIONS_DIR`` to :func:`torch_extensions_dir` (a value already set wins)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))

@@ -1,8 +1,8 @@
 """Memory planning before the first launch: DeepSpeed's estimators, the paper's table, bucket
 memory, the OOM ladder as a procedure, and an interactive calculator (notebook 05).
 
-The arithmetic of model states lives in :mod:`course_utils.memory`; this module asks "will it fit,
-and what do I try next?".
+The arithmetic of model states and of offload lives in :mod:`course_utils.rank.zero_rules`; this module
+asks "will it fit, and what do I try next?".
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from .memory import GB, zero_formula
+from .rank.zero_rules import GB, per_rank_placement, zero_formula
 
 PAPER_RANKS = (1, 4, 16, 64, 256, 1024)
 
@@ -119,7 +119,7 @@ def nvme_host_bytes(partition_numel: float, sub_group_size: float = 1e9, optimiz
     return optimizer_buffer_count * sub_group * 4 + param_buffer_count * param_buffer_size * 2
 
 
-# (name, stage, offload optimizer, offload params, nvme, gradient checkpointing) in the seeds' order
+# (name, stage, offload optimizer, offload params, nvme, gradient checkpointing) in the usual order of advice
 OOM_LADDER = [
     ("batch 1 + gradient accumulation", 0, False, False, False, False),
     ("+ gradient checkpointing", 0, False, False, False, True),
@@ -163,15 +163,16 @@ def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the calculator
 
-OFFLOAD = {"none": set(), "optimizer": {"optimizer"}, "optimizer + params": {"optimizer", "params"}}
+# The calculator's offload choices, as the zero_optimization keys they stand for: what each moves is
+# zero_rules.OFFLOAD_MOVES, the same rule notebook 04's prediction and measurement use.
+OFFLOAD = {"none": {}, "optimizer": {"offload_optimizer": {"device": "cpu"}},
+           "optimizer + params": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
 
 
 def per_rank_bytes(params_b: float, ranks: int, stage: int, offload: str, dtype: str) -> dict[str, dict[str, float]]:
     """GB per rank of each model state, split into what stays on the accelerator and what is offloaded."""
-    states = zero_formula(params_b * 1e9, stage, ranks, dtype)
-    moved = OFFLOAD[offload]
-    return {cat: {"device": 0.0 if cat in moved else states[cat] / GB, "host": states[cat] / GB if cat in moved else 0.0}
-            for cat in ("params", "grads", "optimizer")}
+    placed = per_rank_placement(params_b * 1e9, stage, ranks, dtype, OFFLOAD[offload])
+    return {state: {where: b / GB for where, b in split.items()} for state, split in placed.items()}
 
 
 def draw_per_rank(ax, params_b: float, ranks: int, stage: int, offload: str, dtype: str) -> None:

@@ -7,29 +7,38 @@ import argparse
 import deepspeed
 import torch.distributed as dist
 
-from course_utils import record
-from course_utils.distributed import (backends_available, choose_device, rank_identity, run_collectives,
-                                      time_all_reduce)
-from course_utils.scripting import finish, parse_args
+from course_utils.rank.distributed import (AllReduceTime, CollectiveRow, backends_available, choose_device,
+                                           rank_identity, run_collectives, time_all_reduce)
+from course_utils.rank.record import record
+from course_utils.rank.scaffolding import finish, parse_args
 
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--sizes", type=int, nargs="*", default=[], help="all_reduce message sizes (float32 elements) to time")
-parser.add_argument("--repeats", type=int, default=5, help="timed all_reduce calls per size (the median is kept)")
-parser.add_argument("--cpu", action="store_true", help="CPU tensors over gloo even on a GPU machine "
-                    "(for nodes simulated on one machine, whose ranks would share GPUs)")
-args = parse_args(parser)
 
-identity = rank_identity()
-device, backend = choose_device(identity["local_rank"], identity["local_size"], cpu=args.cpu)
-deepspeed.init_distributed(dist_backend=backend)   # joins via MASTER_ADDR:MASTER_PORT, as RANK of WORLD_SIZE
-identity.update(backend=dist.get_backend(), device=device)
-print(f"node_rank {identity['node_rank']} local_rank {identity['local_rank']} → rank {identity['rank']} of "
-      f"{identity['world_size']} (master {identity['master_addr']}:{identity['master_port']}, {backend}, {device})")
-record("identity", identity)
-record("backends", backends_available())
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[], help="all_reduce message sizes (float32 elements) to time")
+    parser.add_argument("--repeats", type=int, default=5, help="timed all_reduce calls per size (the median is kept)")
+    parser.add_argument("--cpu", action="store_true", help="CPU tensors over gloo even on a GPU machine "
+                        "(for nodes simulated on one machine, whose ranks would share GPUs)")
+    return parser
 
-record("collectives", run_collectives(device))
 
-if args.sizes:
-    record("all_reduce_times", time_all_reduce(args.sizes, device, repeats=args.repeats))
-finish()
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    identity = rank_identity()
+    device, backend = choose_device(identity.local_rank, identity.local_size, cpu=args.cpu)
+    deepspeed.init_distributed(dist_backend=backend)   # joins via MASTER_ADDR:MASTER_PORT, as RANK of WORLD_SIZE
+    identity.backend, identity.device = dist.get_backend(), device
+    print(f"node_rank {identity.node_rank} local_rank {identity.local_rank} → rank {identity.rank} of "
+          f"{identity.world_size} (master {identity.master_addr}:{identity.master_port}, {backend}, {device})")
+    record(identity)
+    record("backends", backends_available())
+
+    record(CollectiveRow.NAME, run_collectives(device))
+
+    if args.sizes:
+        record(AllReduceTime.NAME, time_all_reduce(args.sizes, device, repeats=args.repeats))
+    finish()
+
+
+if __name__ == "__main__":
+    main()

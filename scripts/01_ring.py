@@ -4,48 +4,71 @@ with the bytes each rank sent counted.
 Run from a terminal:  deepspeed --num_gpus 2 scripts/01_ring.py --ring_file build/exercises/ring.py
 """
 import argparse
-import importlib.util
+from dataclasses import dataclass
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils import record
-from course_utils.distributed import choose_device, count_sent_bytes, rank_identity, ring_bytes_expected
-from course_utils.scripting import finish, parse_args
+from course_utils.rank.distributed import choose_device, count_sent_bytes, rank_identity, ring_bytes_expected
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--ring_file", required=True, help="file defining ring_all_reduce(tensor) (checks.export_function)")
-parser.add_argument("--elements", type=int, default=1 << 16, help="float32 elements in the tensor to reduce")
-parser.add_argument("--cpu", action="store_true", help="CPU tensors over gloo even on a GPU machine "
-                    "(for nodes simulated on one machine, whose ranks would share GPUs)")
-args = parse_args(parser)
 
-spec = importlib.util.spec_from_file_location("ring_exercise", args.ring_file)
-ring_module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ring_module)
+@dataclass
+class Ring(Record, name="ring"):
+    """One rank's ring all-reduce: right or not, and the traffic it sent against 2(N−1)/N·S."""
+    rank: int
+    matches: bool
+    max_abs_diff: float
+    bytes_sent: int
+    messages: int
+    tensor_bytes: int
+    expected_bytes: float
+    world_size: int
 
-identity = rank_identity()
-device, backend = choose_device(identity["local_rank"], identity["local_size"], cpu=args.cpu)
-deepspeed.init_distributed(dist_backend=backend)
-rank, world = dist.get_rank(), dist.get_world_size()
 
-generator = torch.Generator().manual_seed(rank)
-data = torch.randn(args.elements, generator=generator).to(device)
-reference = data.clone()
-dist.all_reduce(reference)
+def ring_result(rank: int, world: int, result, reference, sent: dict) -> Ring:
+    """The ``ring`` record of one rank from its ring's result, ``dist.all_reduce``'s, and the bytes counted."""
+    size = reference.numel() * reference.element_size()
+    return Ring(rank=rank, matches=bool(torch.allclose(result, reference, rtol=1e-5, atol=1e-5)),
+                max_abs_diff=float((result - reference).abs().max()), bytes_sent=sent["bytes"],
+                messages=sent["messages"], tensor_bytes=size, expected_bytes=ring_bytes_expected(size, world),
+                world_size=world)
 
-mine = data.clone()
-with count_sent_bytes() as sent:
-    result = ring_module.ring_all_reduce(mine)
-result = mine if result is None else result
 
-size = data.numel() * data.element_size()
-matches = bool(torch.allclose(result, reference, rtol=1e-5, atol=1e-5))
-print(f"rank {rank}: ring == all_reduce: {matches}, max |diff| {float((result - reference).abs().max()):.2e}, "
-      f"sent {sent['bytes']} bytes in {sent['messages']} messages "
-      f"(2(N-1)/N·S = {ring_bytes_expected(size, world):.0f})")
-record("ring", {"rank": rank, "matches": matches, "max_abs_diff": float((result - reference).abs().max()),
-                "bytes_sent": sent["bytes"], "messages": sent["messages"], "tensor_bytes": size,
-                "expected_bytes": ring_bytes_expected(size, world), "world_size": world})
-finish()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ring_file", required=True, help="file defining ring_all_reduce(tensor) (checks.export_function)")
+    parser.add_argument("--elements", type=int, default=1 << 16, help="float32 elements in the tensor to reduce")
+    parser.add_argument("--cpu", action="store_true", help="CPU tensors over gloo even on a GPU machine "
+                        "(for nodes simulated on one machine, whose ranks would share GPUs)")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    ring_all_reduce = load_exercise(args.ring_file, ["ring_all_reduce"])["ring_all_reduce"]
+
+    identity = rank_identity()
+    device, backend = choose_device(identity.local_rank, identity.local_size, cpu=args.cpu)
+    deepspeed.init_distributed(dist_backend=backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    generator = torch.Generator().manual_seed(rank)
+    data = torch.randn(args.elements, generator=generator).to(device)
+    reference = data.clone()
+    dist.all_reduce(reference)
+
+    mine = data.clone()
+    with count_sent_bytes() as sent:
+        result = ring_all_reduce(mine)
+    ring = ring_result(rank, world, mine if result is None else result, reference, sent)
+    print(f"rank {rank}: ring == all_reduce: {ring.matches}, max |diff| {ring.max_abs_diff:.2e}, "
+          f"sent {ring.bytes_sent} bytes in {ring.messages} messages (2(N-1)/N·S = {ring.expected_bytes:.0f})")
+    record(ring)
+    finish()
+
+
+if __name__ == "__main__":
+    main()

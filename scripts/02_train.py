@@ -1,17 +1,17 @@
-"""The seed's BERT emotion classifier, trained with a DeepSpeed engine on every rank: each rank
+"""A common tutorial's BERT emotion classifier, trained with a DeepSpeed engine on every rank: each rank
 trains and evaluates on its own shard, the loss is all_reduced for logging, predictions are
 all_gathered for one classification report, and the checkpoint is reloaded into a fresh engine.
 
-With --seed_version it reproduces the seed's loop instead: no DistributedSampler, so every rank
+With --tutorial_loop it reproduces that tutorial's loop instead: no DistributedSampler, so every rank
 trains on the same batches and evaluates every example.
 
 Run from a terminal:
   deepspeed --num_gpus 2 scripts/02_train.py --deepspeed_config configs/02_emotion.json
 """
 import argparse
-import importlib.util
 import os
 import time
+from dataclasses import dataclass
 
 import deepspeed
 import torch
@@ -20,40 +20,31 @@ from deepspeed.accelerator import get_accelerator
 from sklearn.metrics import classification_report
 from torch.utils.data import DataLoader
 
-from course_utils import data, record
-from course_utils.distributed import gather_predictions
-from course_utils.models import count_parameters, tiny_bert_classifier
-from course_utils.scripting import finish, parse_args, rank0_print, seed_everything
-
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--train_size", type=int, default=6000)
-parser.add_argument("--eval_size", type=int, default=999)
-parser.add_argument("--epochs", type=int, default=3)
-parser.add_argument("--max_steps", type=int, default=0, help="stop training after this many steps (0: no limit)")
-parser.add_argument("--max_length", type=int, default=32, help="tokens per example (padded/truncated)")
-parser.add_argument("--vocab_size", type=int, default=1000)
-parser.add_argument("--seed", type=int, default=42)
-parser.add_argument("--log_every", type=int, default=10, help="steps between all_reduced loss records")
-parser.add_argument("--seed_version", action="store_true", help="the seed's loop: no DistributedSampler")
-parser.add_argument("--functions", nargs="*", default=[],
-                    help="files defining shard_loader and/or gather_predictions, used instead of course_utils'")
-parser.add_argument("--output_dir", default=os.path.join(os.environ.get("COURSE_RUN_DIR", "build/runs/02"), "checkpoint"))
-args = parse_args(parser)
+from course_utils.rank import data
+from course_utils.rank.distributed import gather_predictions
+from course_utils.rank.models import count_parameters, tiny_bert_classifier
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, seed_everything
 
 
-def learner_functions(files):
-    """The notebook's exercise functions, where given (checks.export_function wrote them)."""
+@dataclass
+class TrainLoss(Record, name="train_loss"):
+    """The training loss at a step, averaged over the ranks."""
+    step: int
+    loss: float
+
+
+def learner_functions(files) -> dict:
+    """shard_loader and gather_predictions: the course's, replaced by the notebook's exercise functions
+    where the files define them (checks.export_function wrote them)."""
     found = {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions}
     for path in files:
-        spec = importlib.util.spec_from_file_location("exercises", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        found.update({name: getattr(module, name) for name in found if hasattr(module, name)})
+        found.update(load_exercise(path, list(found)))
     return found
 
 
-def seed_gather(indices, preds, labels):
-    """The seed's output_reduce: all_gather and concatenate, nothing removed."""
+def tutorial_gather(indices, preds, labels):
+    """The tutorial's output_reduce: all_gather and concatenate, nothing removed."""
     out = []
     for t in (indices, preds, labels):
         parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -62,7 +53,7 @@ def seed_gather(indices, preds, labels):
     return out
 
 
-def evaluate(engine, loader, gather):
+def evaluate(engine, loader, gather, device):
     """Predict this rank's batches, gather every rank's, return (indices, preds, labels) on all ranks."""
     engine.eval()
     idx, preds, labels = [], [], []
@@ -84,84 +75,117 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     return (total / dist.get_world_size()).item()
 
 
-deepspeed.init_distributed()
-rank, world = dist.get_rank(), dist.get_world_size()
-device = get_accelerator().device_name(args.local_rank)
-fns = learner_functions(args.functions)
-
-if rank != 0:
-    dist.barrier()                    # rank 0 generates the data and trains the tokenizer once ...
-splits = data.emotion_dataset(args.train_size, args.eval_size, seed=0)
-tokenizer = data.cached_wordpiece(f"emotion_{args.train_size}_{args.vocab_size}", splits["train"]["text"], args.vocab_size)
-if rank == 0:
-    dist.barrier()                    # ... the others load them from the cache
-train_set, eval_set = (data.tokenize(splits[s], tokenizer, args.max_length) for s in ("train", "eval"))
-
-seed_everything(args.seed)
-model = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS, seed=args.seed)
-engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
-batch_size = engine.train_micro_batch_size_per_gpu()
-rank0_print(f"{count_parameters(model):,} parameters, vocabulary {len(tokenizer)}, {len(train_set)} train / "
-            f"{len(eval_set)} eval examples, micro batch {batch_size} per rank × {world} ranks")
-
-if args.seed_version:                 # the seed: a plain DataLoader on every rank
-    train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
-    eval_loader = DataLoader(eval_set, batch_size=batch_size)
-    gather = seed_gather
-else:
-    train_loader = fns["shard_loader"](train_set, batch_size, rank, world, shuffle=True, seed=args.seed)
-    eval_loader = fns["shard_loader"](eval_set, batch_size, rank, world)
-    gather = fns["gather_predictions"]
-record("train_batches_per_epoch", len(train_loader))
-
-step, started = 0, time.perf_counter()
-for epoch in range(args.epochs):
-    if hasattr(train_loader.sampler, "set_epoch"):
-        train_loader.sampler.set_epoch(epoch)     # a new shuffle each epoch, the same on every rank
-    for batch in train_loader:
-        if step == 0:
-            record("first_batch", batch["idx"][:8])   # which examples this rank trains on first
-        out = engine(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                     labels=batch["label"].to(device))
-        engine.backward(out.loss)
-        engine.step()
-        step += 1
-        if step % args.log_every == 0:
-            loss = mean_over_ranks(out.loss)
-            record("train_loss", {"step": step, "loss": loss})
-        if step == args.max_steps:
-            break
-    if step == args.max_steps:
-        break
-train_seconds = time.perf_counter() - started
-idx, preds, labels = evaluate(engine, eval_loader, gather)
-accuracy = (preds == labels).float().mean().item()
-rank0_print(f"trained {step} steps in {train_seconds:.1f} s; evaluation: {idx.numel()} predictions gathered "
-            f"for {len(eval_set)} examples, accuracy {accuracy:.4f}")
-if rank == 0:
-    report = classification_report(labels.cpu(), preds.cpu(), labels=list(range(len(data.EMOTION_LABELS))),
-                                   target_names=data.EMOTION_LABELS, digits=3, zero_division=0)
-    print(report)
-    record("report", report)
-    record("eval_unique_examples", int(torch.unique(idx).numel()))
-    record("eval_examples", idx.numel())
-    record("eval_examples_expected", len(eval_set))
-    record("eval_accuracy", accuracy)
-    record("train_steps", step)
-    record("train_seconds", train_seconds)
-
-if not args.seed_version:
-    engine.save_checkpoint(args.output_dir, tag="final")
-    fresh = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS,
-                                 seed=args.seed + 1)           # different random weights on purpose
-    reloaded, _, _, _ = deepspeed.initialize(args=args, model=fresh, model_parameters=fresh.parameters())
-    before = evaluate(reloaded, eval_loader, gather)
-    reloaded.load_checkpoint(args.output_dir, tag="final", load_module_only=True)
-    _, again, _ = evaluate(reloaded, eval_loader, gather)
+def prepare_data(args, rank: int):
+    """The emotion splits and tokenizer (made once by rank 0, loaded by the others), tokenized."""
+    if rank != 0:
+        dist.barrier()                    # rank 0 generates the data and trains the tokenizer once ...
+    splits = data.emotion_dataset(args.train_size, args.eval_size, seed=0)
+    tokenizer = data.cached_wordpiece(f"emotion_{args.train_size}_{args.vocab_size}", splits["train"]["text"],
+                                      args.vocab_size)
     if rank == 0:
-        record("fresh_accuracy", (before[1] == before[2]).float().mean().item())
-        record("reload_accuracy", (again == labels).float().mean().item())
-        record("reload_same_predictions", bool(torch.equal(again, preds)))
-        record("checkpoint_files", sorted(os.listdir(os.path.join(args.output_dir, "final"))))
-finish()
+        dist.barrier()                    # ... the others load them from the cache
+    train_set, eval_set = (data.tokenize(splits[s], tokenizer, args.max_length) for s in ("train", "eval"))
+    return tokenizer, train_set, eval_set
+
+
+def train(args, engine, train_loader, device) -> int:
+    """Train ``--epochs`` epochs (or ``--max_steps`` steps); returns the number of steps taken."""
+    step = 0
+    for epoch in range(args.epochs):
+        if hasattr(train_loader.sampler, "set_epoch"):
+            train_loader.sampler.set_epoch(epoch)     # a new shuffle each epoch, the same on every rank
+        for batch in train_loader:
+            if step == 0:
+                record("first_batch", batch["idx"][:8])   # which examples this rank trains on first
+            out = engine(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                         labels=batch["label"].to(device))
+            engine.backward(out.loss)
+            engine.step()
+            step += 1
+            if step % args.log_every == 0:
+                record(TrainLoss(step=step, loss=mean_over_ranks(out.loss)))
+            if step == args.max_steps:
+                return step
+    return step
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--train_size", type=int, default=6000)
+    parser.add_argument("--eval_size", type=int, default=999)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--max_steps", type=int, default=0, help="stop training after this many steps (0: no limit)")
+    parser.add_argument("--max_length", type=int, default=32, help="tokens per example (padded/truncated)")
+    parser.add_argument("--vocab_size", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--log_every", type=int, default=10, help="steps between all_reduced loss records")
+    parser.add_argument("--tutorial_loop", action="store_true", help="the tutorial's loop: no DistributedSampler")
+    parser.add_argument("--functions", nargs="*", default=[],
+                        help="files defining shard_loader and/or gather_predictions, used instead of course_utils'")
+    parser.add_argument("--output_dir", default=os.path.join(os.environ.get("COURSE_RUN_DIR", "build/runs/02"), "checkpoint"))
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    deepspeed.init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = get_accelerator().device_name(args.local_rank)
+    fns = learner_functions(args.functions)
+    tokenizer, train_set, eval_set = prepare_data(args, rank)
+
+    seed_everything(args.seed)
+    model = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS, seed=args.seed)
+    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    batch_size = engine.train_micro_batch_size_per_gpu()
+    rank0_print(f"{count_parameters(model):,} parameters, vocabulary {len(tokenizer)}, {len(train_set)} train / "
+                f"{len(eval_set)} eval examples, micro batch {batch_size} per rank × {world} ranks")
+
+    if args.tutorial_loop:                 # the tutorial: a plain DataLoader on every rank
+        train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
+                                  generator=torch.Generator().manual_seed(args.seed))
+        eval_loader = DataLoader(eval_set, batch_size=batch_size)
+        gather = tutorial_gather
+    else:
+        train_loader = fns["shard_loader"](train_set, batch_size, rank, world, shuffle=True, seed=args.seed)
+        eval_loader = fns["shard_loader"](eval_set, batch_size, rank, world)
+        gather = fns["gather_predictions"]
+    record("train_batches_per_epoch", len(train_loader))
+
+    started = time.perf_counter()
+    step = train(args, engine, train_loader, device)
+    train_seconds = time.perf_counter() - started
+    idx, preds, labels = evaluate(engine, eval_loader, gather, device)
+    accuracy = (preds == labels).float().mean().item()
+    rank0_print(f"trained {step} steps in {train_seconds:.1f} s; evaluation: {idx.numel()} predictions gathered "
+                f"for {len(eval_set)} examples, accuracy {accuracy:.4f}")
+    if rank == 0:
+        report = classification_report(labels.cpu(), preds.cpu(), labels=list(range(len(data.EMOTION_LABELS))),
+                                       target_names=data.EMOTION_LABELS, digits=3, zero_division=0)
+        print(report)
+        record("report", report)
+        record("eval_unique_examples", int(torch.unique(idx).numel()))
+        record("eval_examples", idx.numel())
+        record("eval_examples_expected", len(eval_set))
+        record("eval_accuracy", accuracy)
+        record("train_steps", step)
+        record("train_seconds", train_seconds)
+
+    if not args.tutorial_loop:
+        engine.save_checkpoint(args.output_dir, tag="final")
+        fresh = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS,
+                                     seed=args.seed + 1)           # different random weights on purpose
+        reloaded, _, _, _ = deepspeed.initialize(args=args, model=fresh, model_parameters=fresh.parameters())
+        before = evaluate(reloaded, eval_loader, gather, device)
+        reloaded.load_checkpoint(args.output_dir, tag="final", load_module_only=True)
+        _, again, _ = evaluate(reloaded, eval_loader, gather, device)
+        if rank == 0:
+            record("fresh_accuracy", (before[1] == before[2]).float().mean().item())
+            record("reload_accuracy", (again == labels).float().mean().item())
+            record("reload_same_predictions", bool(torch.equal(again, preds)))
+            record("checkpoint_files", sorted(os.listdir(os.path.join(args.output_dir, "final"))))
+    finish()
+
+
+if __name__ == "__main__":
+    main()

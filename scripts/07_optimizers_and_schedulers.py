@@ -1,6 +1,6 @@
 """DeepSpeed's own optimizers and schedulers, each built from a config by deepspeed.initialize.
 
-For every optimizer section of course_utils.schedules.OPTIMIZERS: build the engine (or record the
+For every optimizer section of course_utils.rank.optimizers.OPTIMIZERS: build the engine (or record the
 error DeepSpeed raises), record the optimizer class it chose, train a few steps. For every scheduler
 section: record the learning rate the engine uses at each step.
 
@@ -8,34 +8,56 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/07_optimizers_and_scheduler
 """
 import argparse
 import copy
-import json
+from dataclasses import dataclass
 
 import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from course_utils import record
-from course_utils.precision import random_batch, tiny_mlp
-from course_utils.schedules import OPTIMIZERS, scheduler_sections
-from course_utils.scripting import finish, parse_args, rank0_print
-
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--steps", type=int, default=40, help="steps of each scheduler run")
-parser.add_argument("--warmup", type=int, default=10, help="warm-up steps of the warm-up schedulers")
-parser.add_argument("--optimizer_steps", type=int, default=5, help="training steps of each optimizer")
-args = parse_args(parser)
-deepspeed.init_distributed()
-rank = dist.get_rank()
-device = get_accelerator().current_device_name()
-base = json.load(open(args.deepspeed_config))
+from course_utils.rank.data import random_batch
+from course_utils.rank.models import tiny_mlp
+from course_utils.rank.optimizers import OPTIMIZERS, scheduler_sections
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
 
-def train(engine, steps: int) -> list[float]:
+@dataclass
+class OptimizerOutcome(Record, name="optimizer"):
+    """One optimizer section: what deepspeed.initialize built from it (or the error it raised)."""
+    label: str
+    outcome: str                          # "ok" or the error's class name
+    error: str | None = None
+    optimizer_class: str | None = None    # module.Class of the optimizer doing the step
+    adam_w_mode: bool | None = None
+    wrapper: str | None = None            # the engine's optimizer around it (ZeRO, fp16, ...)
+    losses: list | None = None
+
+
+@dataclass
+class LrCurve(Record, name="lr_curve"):
+    """The learning rate the engine used at each step under one scheduler section."""
+    label: str
+    scheduler: str
+    lr: list
+
+
+def optimizer_config(base: dict, label: str) -> dict:
+    """The launch's config with the optimizer section (and extra keys) of ``OPTIMIZERS[label]``."""
+    section, extra = OPTIMIZERS[label]
+    return {**copy.deepcopy(base), "optimizer": section, **extra}
+
+
+def scheduler_config(base: dict, section: dict) -> dict:
+    """The launch's config with AdamW and the scheduler ``section``."""
+    return {**copy.deepcopy(base), "optimizer": OPTIMIZERS["AdamW"][0], "scheduler": section}
+
+
+def train(engine, steps: int, device: str) -> list[float]:
     """Train ``steps`` steps on this rank's batches; return the losses."""
     losses = []
     for step in range(steps):
-        x, y = random_batch(step, rank)
+        x, y = random_batch(step, dist.get_rank())
         loss = torch.nn.functional.cross_entropy(engine(x.to(device)), y.to(device))
         engine.backward(loss)
         engine.step()
@@ -43,31 +65,54 @@ def train(engine, steps: int) -> list[float]:
     return losses
 
 
-for label, (section, extra) in OPTIMIZERS.items():
-    cfg = {**copy.deepcopy(base), "optimizer": section, **extra}
+def try_optimizer(base: dict, label: str, steps: int, device: str) -> OptimizerOutcome:
+    """Build the engine of one optimizer section and train ``steps`` steps, or report why it failed."""
     try:
-        engine, *_ = deepspeed.initialize(model=tiny_mlp(), config=cfg)
+        engine, *_ = deepspeed.initialize(model=tiny_mlp(), config=optimizer_config(base, label))
     except Exception as err:
-        record("optimizer", {"label": label, "outcome": type(err).__name__, "error": str(err).splitlines()[0][:300]})
-        rank0_print(f"{label:24s} {type(err).__name__}: {err}")
-        continue
+        return OptimizerOutcome(label=label, outcome=type(err).__name__, error=str(err).splitlines()[0][:300])
     inner = engine.basic_optimizer
-    losses = train(engine, args.optimizer_steps)
-    record("optimizer", {"label": label, "outcome": "ok", "class": f"{type(inner).__module__}.{type(inner).__name__}",
-                         "adam_w_mode": getattr(inner, "adam_w_mode", getattr(inner, "adamw_mode", None)),
-                         "wrapper": type(engine.optimizer).__name__, "losses": losses})
-    rank0_print(f"{label:24s} {type(inner).__name__} (wrapped by {type(engine.optimizer).__name__}), "
-                f"loss {losses[0]:.3f} → {losses[-1]:.3f}")
+    outcome = OptimizerOutcome(label=label, outcome="ok", optimizer_class=f"{type(inner).__module__}.{type(inner).__name__}",
+                               adam_w_mode=getattr(inner, "adam_w_mode", getattr(inner, "adamw_mode", None)),
+                               wrapper=type(engine.optimizer).__name__, losses=train(engine, steps, device))
     engine.destroy()
+    return outcome
 
-for label, section in scheduler_sections(args.steps, args.warmup).items():
-    cfg = {**copy.deepcopy(base), "optimizer": OPTIMIZERS["AdamW"][0], "scheduler": section}
-    engine, *_ = deepspeed.initialize(model=tiny_mlp(), config=cfg)
-    lrs = []
-    for step in range(args.steps):
-        lrs.append(engine.get_lr()[0])             # the learning rate this step will use
-        train(engine, 1)
-    record("lr_curve", {"label": label, "scheduler": type(engine.lr_scheduler).__name__, "lr": lrs})
-    engine.destroy()
-rank0_print("scheduler curves recorded")
-finish()
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=40, help="steps of each scheduler run")
+    parser.add_argument("--warmup", type=int, default=10, help="warm-up steps of the warm-up schedulers")
+    parser.add_argument("--optimizer_steps", type=int, default=5, help="training steps of each optimizer")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    deepspeed.init_distributed()
+    device = get_accelerator().current_device_name()
+    base = load_config(args)
+
+    for label in OPTIMIZERS:
+        outcome = try_optimizer(base, label, args.optimizer_steps, device)
+        record(outcome)
+        if outcome.outcome == "ok":
+            rank0_print(f"{label:24s} {outcome.optimizer_class} (wrapped by {outcome.wrapper}), "
+                        f"loss {outcome.losses[0]:.3f} → {outcome.losses[-1]:.3f}")
+        else:
+            rank0_print(f"{label:24s} {outcome.outcome}: {outcome.error}")
+
+    for label, section in scheduler_sections(args.steps, args.warmup).items():
+        engine, *_ = deepspeed.initialize(model=tiny_mlp(), config=scheduler_config(base, section))
+        lrs = []
+        for _ in range(args.steps):
+            lrs.append(engine.get_lr()[0])             # the learning rate this step will use
+            train(engine, 1, device)
+        record(LrCurve(label=label, scheduler=type(engine.lr_scheduler).__name__, lr=lrs))
+        engine.destroy()
+    rank0_print("scheduler curves recorded")
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -6,16 +6,16 @@ the mismatch error, and HfDeepSpeedConfig before from_pretrained under ZeRO-3.
 2. The same with deepspeed=<dict>: the same run (the same losses).
 3. A config value that contradicts TrainingArguments: the error the Trainer raises.
 4. ZeRO-3: from_pretrained with and without a live HfDeepSpeedConfig: partitioned or not.
-``--plain_training_arguments`` builds TrainingArguments directly (without course_utils.trainer), to show
+``--plain_training_arguments`` builds TrainingArguments directly (without course_utils.rank.trainer), to show
 what happens on CPU ranks when the distributed state is not prepared.
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/08_trainer_integration.py --deepspeed_config configs/08_trainer.json
 """
 import argparse
 import copy
-import json
 import os
 import tempfile
+from dataclasses import dataclass
 
 import torch.distributed as dist
 from accelerate.state import AcceleratorState
@@ -23,78 +23,120 @@ from transformers import GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.integrations import HfDeepSpeedConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-from course_utils import record
-from course_utils.hf_integration import counting_dataset, recording_auto_fills, tiny_gpt2_for_trainer
-from course_utils.scripting import finish, parse_args, rank0_print
-from course_utils.trainer import training_arguments
-
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--steps", type=int, default=4, help="training steps of each Trainer run")
-parser.add_argument("--learning_rate", type=float, default=1e-3)
-parser.add_argument("--parts", type=int, nargs="*", default=[1, 2, 3, 4], help="which of the parts above to run")
-parser.add_argument("--plain_training_arguments", action="store_true",
-                    help="build TrainingArguments directly: on CPU ranks the Trainer then sees world size 1")
-args = parse_args(parser)
-written = json.load(open(args.deepspeed_config))
-data = counting_dataset()
-common = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=args.steps,
-              learning_rate=args.learning_rate, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0,
-              logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+from course_utils.rank.data import counting_dataset
+from course_utils.rank.models import tiny_gpt2
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
+from course_utils.rank.trainer import AutoFill, recording_auto_fills, training_arguments
 
 
-def train(deepspeed_config) -> tuple[Trainer, list[float]]:
+@dataclass
+class EngineView(Record, name="engine_view"):
+    """What the DeepSpeed engine inside the Trainer ended up with."""
+    train_batch_size: int
+    micro_batch: int
+    gradient_accumulation_steps: int
+    gradient_clipping: float
+    world_size: int
+    optimizer: str
+    lr_scheduler: str
+
+
+@dataclass
+class Zero3Load(Record, name="zero3_load"):
+    """A weight after ``from_pretrained`` under ZeRO-3, with or without a live HfDeepSpeedConfig."""
+    label: str
+    local_shape: list
+    local_numel: int
+    ds_numel: int | None          # set only when the weight was partitioned
+    partition_numel: int | None
+
+
+def trainer_settings(args) -> dict:
+    """The TrainingArguments every run of this script shares."""
+    return dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=args.steps,
+                learning_rate=args.learning_rate, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0,
+                logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+
+
+def train(args, deepspeed_config, data) -> tuple[Trainer, list[float]]:
     """One Trainer run; the DeepSpeed plugin of the previous run is forgotten first."""
     AcceleratorState._reset_state()
     make = TrainingArguments if args.plain_training_arguments else training_arguments
-    targs = make(output_dir=tempfile.mkdtemp(), deepspeed=deepspeed_config, **common)
+    targs = make(output_dir=tempfile.mkdtemp(), deepspeed=deepspeed_config, **trainer_settings(args))
     rank0_print(f"TrainingArguments: world_size={targs.world_size}, parallel_mode={targs.parallel_mode}")
-    trainer = Trainer(model=tiny_gpt2_for_trainer(), args=targs, train_dataset=data)
+    trainer = Trainer(model=tiny_gpt2("trainer"), args=targs, train_dataset=data)
     trainer.train()
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-# 1 · a path, with a record of every "auto" the Trainer fills
-with recording_auto_fills() as filled:   # part 1 always runs: the other parts compare with it
-    trainer, losses_path = train(args.deepspeed_config)
-received = trainer.args.hf_deepspeed_config.config          # the dict handed to deepspeed.initialize
-engine = trainer.model_wrapped
-record("auto_fills", filled)
-record("received_config", received)
-record("engine_view", {"train_batch_size": engine.train_batch_size(),
-                       "micro_batch": engine.train_micro_batch_size_per_gpu(),
-                       "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
-                       "gradient_clipping": engine.gradient_clipping(), "world_size": dist.get_world_size(),
-                       "optimizer": type(engine.basic_optimizer).__name__, "lr_scheduler": type(engine.lr_scheduler).__name__})
-record("losses_path", losses_path)
+def engine_view(engine) -> EngineView:
+    """The batch sizes, clipping and classes the engine really uses."""
+    return EngineView(train_batch_size=engine.train_batch_size(), micro_batch=engine.train_micro_batch_size_per_gpu(),
+                      gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+                      gradient_clipping=engine.gradient_clipping(), world_size=dist.get_world_size(),
+                      optimizer=type(engine.basic_optimizer).__name__, lr_scheduler=type(engine.lr_scheduler).__name__)
 
-# 2 · the same config as a dict
-if 2 in args.parts:
-    _, losses_dict = train(copy.deepcopy(written))
-    record("losses_dict", losses_dict)
 
-# 3 · a value that contradicts TrainingArguments
-if 3 in args.parts:
-    contradicting = copy.deepcopy(written)
-    contradicting["optimizer"]["params"]["lr"] = args.learning_rate * 10
-    try:
-        train(contradicting)
-        record("mismatch_error", None)
-    except ValueError as err:
-        record("mismatch_error", str(err))
-
-# 4 · ZeRO-3: HfDeepSpeedConfig must be alive before from_pretrained
-if 4 in args.parts:
+def zero3_loads() -> None:
+    """4 · ZeRO-3: HfDeepSpeedConfig must be alive before from_pretrained."""
     folder = os.path.join(tempfile.gettempdir(), f"course08-tiny-gpt2-{os.environ.get('MASTER_PORT', '0')}")
     if dist.get_rank() == 0:
-        tiny_gpt2_for_trainer().save_pretrained(folder)
+        tiny_gpt2("trainer").save_pretrained(folder)
     dist.barrier()
     zero3 = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}}
     unset_hf_deepspeed_config()                  # forget the Trainer runs' (ZeRO-2) config
     for label in ("without HfDeepSpeedConfig", "with HfDeepSpeedConfig"):
         keep_alive = HfDeepSpeedConfig(zero3) if label.startswith("with ") else None   # the Trainer holds one for you
         weight = GPT2LMHeadModel.from_pretrained(folder).transformer.wte.weight
-        record("zero3_load", {"label": label, "local_shape": list(weight.shape), "local_numel": weight.numel(),
-                              "ds_numel": getattr(weight, "ds_numel", None),
-                              "partition_numel": getattr(getattr(weight, "ds_tensor", None), "numel", lambda: None)()})
+        record(Zero3Load(label=label, local_shape=list(weight.shape), local_numel=weight.numel(),
+                         ds_numel=getattr(weight, "ds_numel", None),
+                         partition_numel=getattr(getattr(weight, "ds_tensor", None), "numel", lambda: None)()))
         del keep_alive
-finish()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=4, help="training steps of each Trainer run")
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--parts", type=int, nargs="*", default=[1, 2, 3, 4], help="which of the parts above to run")
+    parser.add_argument("--plain_training_arguments", action="store_true",
+                        help="build TrainingArguments directly: on CPU ranks the Trainer then sees world size 1")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    written = load_config(args)
+    data = counting_dataset()
+
+    # 1 · a path, with a record of every "auto" the Trainer fills
+    with recording_auto_fills() as filled:   # part 1 always runs: the other parts compare with it
+        trainer, losses_path = train(args, args.deepspeed_config, data)
+    record(AutoFill.NAME, filled)
+    record("received_config", trainer.args.hf_deepspeed_config.config)   # the dict handed to deepspeed.initialize
+    record(engine_view(trainer.model_wrapped))
+    record("losses_path", losses_path)
+
+    # 2 · the same config as a dict
+    if 2 in args.parts:
+        _, losses_dict = train(args, copy.deepcopy(written), data)
+        record("losses_dict", losses_dict)
+
+    # 3 · a value that contradicts TrainingArguments
+    if 3 in args.parts:
+        contradicting = copy.deepcopy(written)
+        contradicting["optimizer"]["params"]["lr"] = args.learning_rate * 10
+        try:
+            train(args, contradicting, data)
+            record("mismatch_error", None)
+        except ValueError as err:
+            record("mismatch_error", str(err))
+
+    if 4 in args.parts:
+        zero3_loads()
+    finish()
+
+
+if __name__ == "__main__":
+    main()

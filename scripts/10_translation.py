@@ -1,8 +1,8 @@
-"""The seed lab's translation fine-tune, on the HF Seq2SeqTrainer with DeepSpeed (ZeRO-2/3, CPU offload).
+"""A classic DeepSpeed lab's translation fine-tune, on the HF Seq2SeqTrainer with DeepSpeed (ZeRO-2/3, CPU offload).
 
 By default it trains a tiny T5 from scratch on the course's synthetic language pair (prepared by
-``course_utils.translation.prepare``); with ``--model_name t5-small --dataset_name wmt16`` it runs the
-seed lab's real setup (needs the Hugging Face hub). BLEU (sacrebleu) is measured before and after training.
+``course_utils.rank.translation.prepare``); with ``--model_name t5-small --dataset_name wmt16`` it runs the
+that lab's real setup (needs the Hugging Face hub). BLEU (sacrebleu) is measured before and after training.
 
 Run from a terminal:
   deepspeed --num_gpus 2 scripts/10_translation.py --data build/data/translation_8000_200_0 \
@@ -10,97 +10,127 @@ Run from a terminal:
 """
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from course_utils import record
-from course_utils import translation as tr
-from course_utils.scripting import finish, parse_args, rank0_print
-from course_utils.trainer import training_arguments
+from course_utils.rank import translation as tr
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, parse_args, rank0_print
+from course_utils.rank.trainer import training_arguments
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--output_dir", required=True)
-parser.add_argument("--data", help="folder from translation.prepare (corpus/ and tokenizer/); the offline default")
-parser.add_argument("--model_name", default=None, help="a hub model, e.g. t5-small (default: a tiny T5 from a config)")
-parser.add_argument("--dataset_name", default=None, help="a hub data set, e.g. wmt16 (with --dataset_config ro-en)")
-parser.add_argument("--dataset_config", default="ro-en")
-parser.add_argument("--source_lang", default=tr.SOURCE_LANG)
-parser.add_argument("--target_lang", default=tr.TARGET_LANG)
-parser.add_argument("--source_prefix", default="", help='e.g. "translate English to Romanian: " for t5-small')
-parser.add_argument("--max_train_samples", type=int, default=None)
-parser.add_argument("--max_eval_samples", type=int, default=None)
-parser.add_argument("--epochs", type=float, default=1.0)
-parser.add_argument("--batch_size", type=int, default=32, help="per device")
-parser.add_argument("--learning_rate", type=float, default=1e-3)
-parser.add_argument("--warmup_steps", type=int, default=50)
-parser.add_argument("--max_length", type=int, default=64)
-args = parse_args(parser)
 
-if args.model_name:                                    # the seed lab: hub model and data (not run in CI)
-    from datasets import load_dataset
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name)
-    raw = load_dataset(args.dataset_name, args.dataset_config)
-    raw = {"train": raw["train"], "test": raw["validation"]}
-else:
+@dataclass
+class Generation(Record, name="generation"):
+    """How the ranks generated their evaluation translations, so the hand-off can repeat it exactly."""
+    batch_size: int               # examples per rank: one evaluation batch each
+    max_length: int               # the bound on the whole output (generation_max_length)
+    examples: int                 # evaluation examples translated (a multiple of the world size)
+
+
+def model_and_data(args):
+    """(tokenizer, model, {"train", "test"} splits): the lab's hub model and data, or the offline ones."""
+    if args.model_name:                                    # the lab's setup: hub model and data (not run in CI)
+        from datasets import load_dataset
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name)
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name)
+        raw = load_dataset(args.dataset_name, args.dataset_config)
+        return tokenizer, model, {"train": raw["train"], "test": raw["validation"]}
     from datasets import load_from_disk
     from transformers import PreTrainedTokenizerFast
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(Path(args.data) / "tokenizer"))
-    model = tr.tiny_t5(tokenizer, seed=0)
-    raw = load_from_disk(str(Path(args.data) / "corpus"))
-train_raw, eval_raw = raw["train"], raw["test"]
-if args.max_train_samples:
-    train_raw = train_raw.select(range(min(args.max_train_samples, len(train_raw))))
-if args.max_eval_samples:
-    eval_raw = eval_raw.select(range(min(args.max_eval_samples, len(eval_raw))))
+    return tokenizer, tr.tiny_t5(tokenizer, seed=0), load_from_disk(str(Path(args.data) / "corpus"))
 
 
-def tokenize(batch):
-    sources = [args.source_prefix + ex[args.source_lang] for ex in batch["translation"]]
-    targets = [ex[args.target_lang] for ex in batch["translation"]]
-    return tokenizer(sources, text_target=targets, max_length=args.max_length, truncation=True)
+def first(split, n: int | None):
+    """The first ``n`` examples of a split (all of them when ``n`` is None)."""
+    return split.select(range(min(n, len(split)))) if n else split
 
 
-train_set = train_raw.map(tokenize, batched=True, remove_columns=train_raw.column_names)
-eval_set = eval_raw.map(tokenize, batched=True, remove_columns=eval_raw.column_names)
-references = [ex[args.target_lang] for ex in eval_raw["translation"]]
+def evaluation_split(eval_raw, world_size: int):
+    """(examples, batch size per rank): evaluation generates one batch per rank, so the hand-off
+    (notebook 10) can repeat exactly the same batches — greedy decoding of a padded batch depends, in
+    its last bits, on the batch's padded length. The remainder of an uneven split is left out."""
+    batch = tr.eval_batch_size(len(eval_raw), world_size)
+    return eval_raw.select(range(batch * world_size)), batch
 
 
-def compute_metrics(prediction):
-    ids = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
-    texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
-    record("translations", texts[:8])
-    return {"bleu": tr.bleu(texts, references[:len(texts)])}
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--data", help="folder from translation.prepare (corpus/ and tokenizer/); the offline default")
+    parser.add_argument("--model_name", default=None, help="a hub model, e.g. t5-small (default: a tiny T5 from a config)")
+    parser.add_argument("--dataset_name", default=None, help="a hub data set, e.g. wmt16 (with --dataset_config ro-en)")
+    parser.add_argument("--dataset_config", default="ro-en")
+    parser.add_argument("--source_lang", default=tr.SOURCE_LANG)
+    parser.add_argument("--target_lang", default=tr.TARGET_LANG)
+    parser.add_argument("--source_prefix", default="", help='e.g. "translate English to Romanian: " for t5-small')
+    parser.add_argument("--max_train_samples", type=int, default=None)
+    parser.add_argument("--max_eval_samples", type=int, default=None)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--batch_size", type=int, default=32, help="per device")
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--max_length", type=int, default=64)
+    return parser
 
 
-if int(os.environ.get("RANK", 0)) == 0:
-    # The Trainer's evaluate() before train() takes DeepSpeed's inference path, which accepts ZeRO-3 only
-    # (and drops the optimizer from the config): so the untrained model is scored with plain transformers.
-    sources = [args.source_prefix + ex[args.source_lang] for ex in eval_raw["translation"]]
-    bleu_before = tr.bleu(tr.translate(model, tokenizer, sources, max_new_tokens=args.max_length), references)
-    rank0_print(f"BLEU before training: {bleu_before:.2f}")
-    record("bleu_before", bleu_before)
-targs = training_arguments(
-    Seq2SeqTrainingArguments, output_dir=args.output_dir, deepspeed=args.deepspeed_config,
-    per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
-    num_train_epochs=args.epochs, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-    weight_decay=0.0, max_grad_norm=1.0, logging_steps=20, save_strategy="no", eval_strategy="no",
-    predict_with_generate=True, generation_max_length=args.max_length, generation_num_beams=1, seed=0)
-trainer = Seq2SeqTrainer(model=model, args=targs, train_dataset=train_set, eval_dataset=eval_set,
-                         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-                         processing_class=tokenizer, compute_metrics=compute_metrics)
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    tokenizer, model, raw = model_and_data(args)
+    train_raw = first(raw["train"], args.max_train_samples)
+    eval_raw, eval_batch = evaluation_split(first(raw["test"], args.max_eval_samples),
+                                            int(os.environ.get("WORLD_SIZE", 1)))
 
-result = trainer.train()
-record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])
-record("train_seconds", result.metrics["train_runtime"])
-record("steps", trainer.state.global_step)
-after = trainer.evaluate(metric_key_prefix="after")
-rank0_print(f"BLEU after training: {after['after_bleu']:.2f}")
-record("bleu_after", after["after_bleu"])
-trainer.deepspeed.save_checkpoint(str(Path(args.output_dir) / "checkpoint"))   # the ZeRO checkpoint, for zero_to_fp32
-trainer.save_model(str(Path(args.output_dir) / "model"))      # ZeRO-3: gathers (stage3_gather_16bit_weights_on_model_save)
-record("world_size", targs.world_size)
-finish()
+    def tokenize(batch):
+        sources = [args.source_prefix + ex[args.source_lang] for ex in batch["translation"]]
+        targets = [ex[args.target_lang] for ex in batch["translation"]]
+        return tokenizer(sources, text_target=targets, max_length=args.max_length, truncation=True)
+
+    train_set = train_raw.map(tokenize, batched=True, remove_columns=train_raw.column_names)
+    eval_set = eval_raw.map(tokenize, batched=True, remove_columns=eval_raw.column_names)
+    references = [ex[args.target_lang] for ex in eval_raw["translation"]]
+
+    def compute_metrics(prediction):
+        ids = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
+        texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        record("translations", texts)
+        return {"bleu": tr.bleu(texts, references[:len(texts)])}
+
+    if int(os.environ.get("RANK", 0)) == 0:
+        # The Trainer's evaluate() before train() takes DeepSpeed's inference path, which accepts ZeRO-3 only
+        # (and drops the optimizer from the config): so the untrained model is scored with plain transformers.
+        sources = [args.source_prefix + ex[args.source_lang] for ex in eval_raw["translation"]]
+        bleu_before = tr.bleu(tr.translate(model, tokenizer, sources, batch_size=eval_batch, max_length=args.max_length),
+                              references)
+        rank0_print(f"BLEU before training: {bleu_before:.2f}")
+        record("bleu_before", bleu_before)
+    targs = training_arguments(
+        Seq2SeqTrainingArguments, output_dir=args.output_dir, deepspeed=args.deepspeed_config,
+        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=eval_batch,
+        num_train_epochs=args.epochs, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+        weight_decay=0.0, max_grad_norm=1.0, logging_steps=20, save_strategy="no", eval_strategy="no",
+        predict_with_generate=True, generation_max_length=args.max_length, generation_num_beams=1, seed=0)
+    trainer = Seq2SeqTrainer(model=model, args=targs, train_dataset=train_set, eval_dataset=eval_set,
+                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+                             processing_class=tokenizer, compute_metrics=compute_metrics)
+
+    result = trainer.train()
+    record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])
+    record("train_seconds", result.metrics["train_runtime"])
+    record("steps", trainer.state.global_step)
+    after = trainer.evaluate(metric_key_prefix="after")
+    rank0_print(f"BLEU after training: {after['after_bleu']:.2f}")
+    record("bleu_after", after["after_bleu"])
+    trainer.deepspeed.save_checkpoint(str(Path(args.output_dir) / "checkpoint"))   # the ZeRO checkpoint, for zero_to_fp32
+    trainer.save_model(str(Path(args.output_dir) / "model"))      # ZeRO-3: gathers (stage3_gather_16bit_weights_on_model_save)
+    record("world_size", targs.world_size)
+    record(Generation(batch_size=eval_batch, max_length=args.max_length, examples=len(eval_raw)))
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,21 +1,24 @@
-"""Fast unit tests of course_utils.checkpoints and course_utils.translation (no launches)."""
+"""Fast unit tests of the checkpoint data stream and tools, the comparisons, and the translation task (no launches)."""
 import random
 
 import pytest
 import torch
 
 from course_utils import checkpoints as ck
-from course_utils import translation as tr
+from course_utils.compare import max_abs_series_diff, max_abs_state_diff
+from course_utils.rank import data
+from course_utils.rank import translation as tr
+from course_utils.rank.models import tiny_gpt2
 
 
 def test_global_batch_is_the_same_for_any_number_of_ranks():
-    batch = ck.global_batch(3, 8)
-    assert torch.equal(batch, ck.global_batch(3, 8)), "data must be deterministic for resume checks"
-    assert torch.equal(torch.cat([ck.rank_slice(batch, r, 2) for r in range(2)]), batch)
-    assert torch.equal(ck.rank_slice(batch, 0, 1), batch)
-    assert not torch.equal(ck.global_batch(4, 8), batch)
+    batch = data.global_batch(3, 8)
+    assert torch.equal(batch, data.global_batch(3, 8)), "data must be deterministic for resume checks"
+    assert torch.equal(torch.cat([data.rank_slice(batch, r, 2) for r in range(2)]), batch)
+    assert torch.equal(data.rank_slice(batch, 0, 1), batch)
+    assert not torch.equal(data.global_batch(4, 8), batch)
     with pytest.raises(ValueError, match="multiple of the number of ranks"):
-        ck.rank_slice(batch, 0, 3)
+        data.rank_slice(batch, 0, 3)
 
 
 def test_file_roles_name_every_checkpoint_file():
@@ -26,15 +29,17 @@ def test_file_roles_name_every_checkpoint_file():
     assert "not a DeepSpeed" in ck.file_role("notes.txt")
 
 
-def test_max_abs_diff_and_series_diff():
+def test_state_and_series_diffs():
     a = {"w": torch.zeros(3), "b": torch.ones(2)}
     b = {"w": torch.tensor([0.0, 0.5, 0.0]), "b": torch.ones(2)}
-    assert ck.max_abs_diff(a, b) == 0.5
+    assert max_abs_state_diff(a, b) == 0.5
     with pytest.raises(KeyError):
-        ck.max_abs_diff(a, {"w": torch.zeros(3)})
-    assert ck.max_abs_series_diff([1.0, 2.0], [1.0, 2.25]) == 0.25
+        max_abs_state_diff(a, {"w": torch.zeros(3)})
+    assert max_abs_series_diff([1.0, 2.0], [1.0, 2.25]) == 0.25
     with pytest.raises(ValueError):
-        ck.max_abs_series_diff([1.0], [1.0, 2.0])
+        max_abs_series_diff([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        max_abs_series_diff([], [])
 
 
 def test_weights_only_accepts_tensors_and_refuses_objects(tmp_path):
@@ -45,8 +50,8 @@ def test_weights_only_accepts_tensors_and_refuses_objects(tmp_path):
 
 
 def test_tiny_gpt2_is_seeded():
-    a, b = ck.tiny_gpt2(seed=0), ck.tiny_gpt2(seed=0)
-    assert ck.max_abs_diff(a.state_dict(), b.state_dict()) == 0.0
+    a, b = tiny_gpt2("checkpoints", seed=0), tiny_gpt2("checkpoints", seed=0)
+    assert max_abs_state_diff(a.state_dict(), b.state_dict()) == 0.0
 
 
 def test_converters_ship_with_deepspeed():
@@ -84,7 +89,7 @@ def test_corpus_tokenizer_and_model(tmp_path):
     assert ids[-1] == 1 and tok.decode(ids, skip_special_tokens=True) == pair["tgt"]
     model = tr.tiny_t5(tok, d_model=32, layers=1)
     assert model.config.vocab_size == len(tok) and model.config.decoder_start_token_id == 0
-    out = tr.translate(model, tok, [pair["src"]], max_new_tokens=4)
+    out = tr.translate(model, tok, [pair["src"]], max_length=4)
     assert len(out) == 1 and isinstance(out[0], str)
 
 

@@ -23,7 +23,10 @@ def test_every_shipped_config_is_valid(path):
     (base(zero_optimization={"stage": 0, "offload_optimizer": {"device": "cpu"}}), 2, "needs ZeRO"),
     (base(zero_optimization={"stage": 3, "stage3_max_live_params": 1e9}), 2, "stage3_max_live_parameters"),
     (base(fp16={"enabled": True, "loss_scal": 0}), 2, "fp16.loss_scal"),
-    (base(zero_optimization={"stage": 3, "offload_param": {"device": "gpu"}}), 2, "offload_param.device"),
+    (base(zero_optimization={"stage": 3, "offload_param": {"device": "gpu"}}), 2,
+     "offload_param.device: \"gpu\" is not allowed; use one of 'none', 'cpu', 'nvme'"),
+    (base(zero_optimization={"stage": 4}), 2, "zero_optimization.stage: 4 is not allowed; use one of 0, 1, 2, 3"),
+    (base(zero_optimization={"stage": 2, "reduce_bucket_size": "big"}), 2, "reduce_bucket_size: \"big\" is not allowed"),
     ({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}, 2,
      "train_batch_size = train_micro_batch_size_per_gpu"),
     (base(optimizer={"type": "AdamWW"}), 2, "Did you mean 'AdamW'"),
@@ -35,6 +38,12 @@ def test_mistakes_raise_config_error_naming_the_key(config, world_size, fragment
     with pytest.raises(ConfigError) as err:
         validate(config, world_size=world_size)
     assert fragment in str(err.value)
+
+
+def test_a_wrong_value_of_a_known_key_gets_no_spelling_suggestion():
+    with pytest.raises(ConfigError) as err:
+        validate(base(zero_optimization={"stage": 4}))
+    assert "did you mean" not in str(err.value) and "or 3" not in str(err.value)
 
 
 def test_batch_sizes_are_checked_with_the_launch_world_size():

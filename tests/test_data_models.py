@@ -1,4 +1,4 @@
-"""Unit tests of course_utils.data, course_utils.models and the in-notebook parts of course_utils.distributed
+"""Unit tests of course_utils.rank.data, .models and .distributed, and of notebook 01's views
 (no launches: they run in a second or two)."""
 import random
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_utils import data, distributed, models
+from course_utils.rank import data, distributed, models
+from course_utils.views import distributed as distributed_views
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +84,10 @@ def test_count_sent_bytes_wraps_and_restores():
 
 
 def test_collectives_table_orders_rows():
-    rows = [{"collective": c, "rank": r, "before": [r], "after": [r], "how": ""}
-            for c in reversed(distributed.COLLECTIVES) for r in (1, 0)]
-    table = distributed.collectives_table(rows)
+    records = [{"name": "collectives", "rank": r, "value": [{"collective": c, "rank": r, "before": [r], "after": [r], "how": ""}
+                                                         for c in reversed(distributed.COLLECTIVES)]}
+               for r in (1, 0)]
+    table = distributed_views.collectives_table(records)
     assert list(table.index.get_level_values(0).unique()) == list(distributed.COLLECTIVES)
     assert list(table.loc["broadcast"].index) == [0, 1]
 
@@ -93,9 +95,9 @@ def test_collectives_table_orders_rows():
 def test_figures_draw():
     import matplotlib
     matplotlib.use("Agg")
-    assert len(distributed.plot_parallelism_families().axes) == 4
-    rows = [{"elements": n, "bytes": 4 * n, "seconds": 1e-4 * n ** 0.5, "gbytes_per_s": 1.0} for n in (10, 1000)]
-    assert len(distributed.plot_all_reduce_times(rows, 2, "gloo").axes) == 2
+    assert len(distributed_views.plot_parallelism_families().axes) == 4
+    rows = [distributed.AllReduceTime(n, 4 * n, 1e-4 * n ** 0.5, 1.0) for n in (10, 1000)]
+    assert len(distributed_views.plot_all_reduce_times(rows, 2, "gloo").axes) == 2
 
 
 @pytest.fixture
@@ -113,7 +115,30 @@ def test_gather_predictions_keeps_each_index_once(one_rank_group):
 
 
 def test_run_collectives_on_one_rank(one_rank_group):
-    rows = {r["collective"]: r for r in distributed.run_collectives("cpu")}
+    rows = {r.collective: r for r in distributed.run_collectives("cpu")}
     assert list(rows) == list(distributed.COLLECTIVES)
-    assert rows["all_reduce"]["after"] == [1.0] and rows["all_gather"]["after"] == [1.0]
-    assert "ok" in rows["reduce_scatter"]["how"] or "all_reduce + slice" in rows["reduce_scatter"]["how"]
+    assert rows["all_reduce"].after == [1.0] and rows["all_gather"].after == [1.0]
+    assert "ok" in rows["reduce_scatter"].how or "all_reduce + slice" in rows["reduce_scatter"].how
+
+
+@pytest.mark.parametrize("preset, sizes, params", [
+    ("zero_lab", (8192, 128, 384, 6, 6, 0.0, 8191), 13_842_432),
+    ("checkpoints", (64, 16, 64, 2, 2, 0.0, 0), 105_216),
+    ("trainer", (64, 16, 32, 2, 2, 0.1, 50256), 28_032),      # GPT-2's default dropout and special tokens
+])
+def test_gpt2_presets_keep_their_sizes_and_seeded_weights(preset, sizes, params):
+    a, b = models.tiny_gpt2(preset, seed=0), models.tiny_gpt2(preset, seed=0)
+    c = a.config
+    assert (c.vocab_size, c.n_positions, c.n_embd, c.n_layer, c.n_head, c.resid_pdrop, c.eos_token_id) == sizes
+    assert models.count_parameters(a) == params
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert models.PRESETS[preset].seq_len <= c.n_positions
+    with pytest.raises(KeyError, match="zero_lab"):
+        models.tiny_gpt2("no_such_preset")
+
+
+def test_data_streams_follow_their_presets():
+    p = models.PRESETS["checkpoints"]
+    assert data.global_batch(0, 4).shape == (4, p.seq_len) and int(data.global_batch(0, 4).max()) < p.vocab_size
+    rows = data.counting_dataset(rows=3)
+    assert rows[0]["input_ids"].shape == (models.PRESETS["trainer"].seq_len,)

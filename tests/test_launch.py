@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_utils import launch
+from course_utils import hardware, launch
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -26,8 +26,9 @@ def processes_of(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_success_returns_log_and_metrics():
+def test_success_returns_log_and_metrics(capsys):
     result = launch.deepspeed(SCRIPTS / "record_world.py", procs=2, timeout=120, config="zero0.json")
+    printed = capsys.readouterr().out
     assert result.returncode == 0
     worlds = result.per_rank("world")
     assert sorted(worlds) == [0, 1]
@@ -39,6 +40,12 @@ def test_success_returns_log_and_metrics():
     assert not processes_of(result.run_dir)
     port = result.command.split("--master_port ")[1].split()[0]
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), "shm buffers leaked"
+    # the cell shows the command and the outcome, not the library chatter, and says where the hidden lines are
+    assert printed.startswith("$ cd ")
+    assert "[INFO]" in result.log and "[INFO]" not in printed
+    assert "shm_comm_op built successfully" in result.log and "built successfully" not in printed
+    assert result.hidden_lines > 0
+    assert f"{result.hidden_lines} lines of launcher/library chatter hidden" in printed.splitlines()[-1]
 
 
 def test_failing_rank_is_named_while_its_peer_waits_in_a_collective():
@@ -123,33 +130,42 @@ def test_missing_script_and_bad_config_fail_before_any_rank_starts(tmp_path):
 
 
 def test_command_kills_a_hanging_tool():
-    with pytest.raises(Exception):
-        launch.command(["python", "-c", "import time; time.sleep(60)"], timeout=2)
+    with pytest.raises(launch.CommandError, match="timed out after 2 s") as err:
+        launch.command(["python", "-c", "print('started', flush=True); import time; time.sleep(60)"], timeout=2)
+    assert isinstance(err.value, RuntimeError), "command() documents a RuntimeError"
+    assert "started" in str(err.value), "the message shows the end of the tool's output"
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
 
 
 def test_launch_dies_with_the_process_that_started_it(tmp_path):
-    """A kernel killed outright (SIGKILL) gets no chance to clean up: the launch must still end."""
+    """A kernel killed outright (SIGKILL) gets no chance to clean up: the launch must still end, and its
+    /dev/shm all-reduce buffers (about 66 MB per CPU rank) must go with it."""
     import signal
     import subprocess
     import sys
 
     starter = subprocess.Popen([sys.executable, "-c", (
         "import sys; from course_utils import launch; "
-        f"launch.deepspeed({str(SCRIPTS / 'sleep_forever.py')!r}, procs=2, timeout=300, name='orphan_check')")],
+        f"launch.deepspeed({str(SCRIPTS / 'allreduce_then_sleep.py')!r}, procs=2, timeout=300, name='orphan_check')")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     run_dir = None
     while time.monotonic() < deadline and run_dir is None:
         time.sleep(0.5)
-        dirs = [d for d in launch.paths.runs_dir().glob("*-orphan_check-*") if any(d.glob("ranks/*_rank1.log"))]
+        dirs = [d for d in launch.paths.runs_dir().glob("*-orphan_check-*") if (d / "metrics" / "rank1.jsonl").exists()]
         run_dir = dirs[0] if dirs else None
-    assert run_dir, "the launch did not start"
+    assert run_dir, "the launch did not get past its all_reduce"
     assert len(processes_of(run_dir)) >= 3
+    port = next(c.split("--master_port ")[1].split()[0] for c in
+                (" ".join(p.cmdline()) for p in processes_of(run_dir)) if "--master_port " in c)
+    buffers = f"deepspeed*_{port}_*"
+    if not hardware.detect().is_gpu:      # CPU ranks all-reduce through DeepSpeed's shm op
+        assert list(Path("/dev/shm").glob(buffers)), "the script should have created the shm buffers"
     starter.send_signal(signal.SIGKILL)
     starter.wait()
     deadline = time.monotonic() + 30
-    while processes_of(run_dir) and time.monotonic() < deadline:
+    while (processes_of(run_dir) or list(Path("/dev/shm").glob(buffers))) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not processes_of(run_dir), "ranks outlived the killed process that started them"
+    assert not list(Path("/dev/shm").glob(buffers)), "the launch's /dev/shm buffers outlived it"

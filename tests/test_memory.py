@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from course_utils import memory, planning
+from course_utils import planning
+from course_utils.rank import memory, zero_rules
 
 
 def test_paper_example_reproduced():
-    gb = memory.paper_example(7.5e9, 64)
+    gb = zero_rules.paper_example(7.5e9, 64)
     assert gb["0"] == pytest.approx(120.0)
     assert gb["1"] == pytest.approx(31.4, abs=0.01)
     assert gb["2"] == pytest.approx(16.6, abs=0.05)
@@ -15,23 +16,23 @@ def test_paper_example_reproduced():
 
 @pytest.mark.parametrize("stage,expected", [(0, 16), (1, 8 + 8 / 4), (2, 4 + 12 / 4), (3, 16 / 4)])
 def test_fp32_formula(stage, expected):
-    assert memory.zero_formula(1000, stage, 4, "fp32")["total"] == pytest.approx(expected * 1000)
+    assert zero_rules.zero_formula(1000, stage, 4, "fp32")["total"] == pytest.approx(expected * 1000)
 
 
 def test_formula_rejects_bad_input():
     with pytest.raises(ValueError, match="stage"):
-        memory.zero_formula(10, 4, 2)
+        zero_rules.zero_formula(10, 4, 2)
     with pytest.raises(ValueError, match="dtype"):
-        memory.zero_formula(10, 1, 2, "int8")
+        zero_rules.zero_formula(10, 1, 2, "int8")
 
 
 def test_adjustments_only_where_deepspeed_differs():
     psi, n = 1_000_000, 2
-    assert memory.deepspeed_expected(psi, 0, n, "bf16")["total"] == memory.zero_formula(psi, 0, n)["total"]
-    fp32_s3 = memory.deepspeed_expected(psi, 3, n, "fp32", persistent_numel=100)
+    assert zero_rules.deepspeed_expected(psi, 0, n, "bf16")["total"] == zero_rules.zero_formula(psi, 0, n)["total"]
+    fp32_s3 = zero_rules.deepspeed_expected(psi, 3, n, "fp32", persistent_numel=100)
     assert fp32_s3["optimizer"] == pytest.approx(12 * psi / n)      # fp32 master copy on top of the moments
     assert fp32_s3["params"] == pytest.approx(4 * psi / n + 400)    # persistent params stay whole
-    s1 = memory.deepspeed_expected(psi, 1, n, "bf16", grad_partition_numel=520_000)
+    s1 = zero_rules.deepspeed_expected(psi, 1, n, "bf16", grad_partition_numel=520_000)
     assert s1["grads"] == 2 * 520_000                              # stage 1 partitions grads at the boundary
 
 
@@ -91,6 +92,7 @@ def test_oom_ladder_picks_the_first_rung_that_fits():
 def test_calculator_splits_offloaded_states():
     parts = planning.per_rank_bytes(7.5, 64, 3, "optimizer", "bf16")
     assert parts["optimizer"]["device"] == 0 and parts["optimizer"]["host"] == pytest.approx(7.5 * 12 / 64)
+    assert parts["grads"]["device"] == 0 and parts["grads"]["host"] == pytest.approx(7.5 * 2 / 64)
     assert parts["params"]["device"] == pytest.approx(7.5 * 2 / 64)
     widget, update = planning.calculator()
     update()
@@ -114,3 +116,47 @@ def test_calculator_redraws_its_figure_when_a_slider_moves():
     assert len(png(moved[0].outputs)) == len(png(first[0].outputs)) == 1, "one figure, updated in place"
     assert moved[1].outputs == [], "the redraw goes to the calculator's figure, not to the cell that moved the slider"
     assert png(moved[0].outputs) != png(first[0].outputs), "moving the slider must redraw the figure"
+
+
+def test_one_offload_table():
+    assert zero_rules.offloaded({"offload_optimizer": {"device": "cpu"}}) == {"optimizer", "grads"}
+    assert zero_rules.offloaded({"offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}) == {
+        "optimizer", "grads", "params"}
+    assert zero_rules.offloaded({"offload_optimizer": {"device": "none"}, "stage": 2}) == set()
+
+
+def test_offload_optimizer_matches_deepspeeds_estimator():
+    """DeepSpeed's stage-2 estimator with cpu_offload keeps only the 16-bit parameters on the GPU: 2Ψ."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    psi, gpus = 10**9, 8
+    _, gpu = estimate_zero2_model_states_mem_needs(psi, gpus, 1, cpu_offload=True)
+    assert zero_rules.predicted_device_bytes(psi, 2, gpus, "bf16", {"offload_optimizer": {"device": "cpu"}}) == gpu
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("ranks", [1, 2, 64])
+def test_notebook_04_prediction_and_notebook_05_calculator_agree(dtype, ranks):
+    """The same model size, ranks, stage, offload and dtype give the same accelerator bytes in notebook 04's
+    ladder prediction and in notebook 05's calculator."""
+    from course_utils.rank.engine import LADDER
+    from course_utils.views.offload import ladder_prediction
+
+    psi = 13_824_000
+    predicted = ladder_prediction(psi, ranks, dtype)
+    calculator_option = {frozenset(zero_rules.offloaded(zero)): name for name, zero in planning.OFFLOAD.items()}
+    for rung, (stage, zero) in LADDER.items():
+        option = calculator_option[frozenset(zero_rules.offloaded(zero))]
+        parts = planning.per_rank_bytes(psi / 1e9, ranks, stage, option, dtype)
+        calculated = sum(p["device"] for p in parts.values()) * zero_rules.GB
+        assert calculated == pytest.approx(predicted[rung], rel=1e-12), (rung, option)
+
+
+def test_measured_placement_uses_the_same_table():
+    """On a CPU machine the measured split of notebook 04 follows the same rule as the predictions."""
+    entries = [memory.TensorEntry("p", "params", "float32", 100, 400, "cpu"),
+               memory.TensorEntry("g", "grads", "float32", 50, 200, "cpu"),
+               memory.TensorEntry("o", "optimizer", "float32", 400, 1600, "cpu")]
+    zero = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    assert memory.placement_bytes(entries, zero, "cpu") == {"device_bytes": 0, "host_bytes": 2200}
+    assert memory.placement_bytes(entries, {}, "cpu") == {"device_bytes": 2200, "host_bytes": 0}

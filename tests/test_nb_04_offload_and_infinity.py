@@ -23,5 +23,5 @@ def test_ladder_nvme_and_knobs_are_measured():
     tight = knobs["knobs: tight (live 1e5, reuse 0, prefetch 0)"]
     persist = knobs["knobs: persist everything (threshold 1e7)"]
     assert persist["persistent_numel"] > 10 * tight["persistent_numel"]
-    raised = knobs["knobs: seeds' raise (live 3e10, reuse 1e10)"]
+    raised = knobs["knobs: the question's raise (live 3e10, reuse 1e10)"]
     assert raised["gathered_in_forward"] >= tight["gathered_in_forward"] > 0

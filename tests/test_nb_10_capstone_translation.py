@@ -15,6 +15,8 @@ def test_notebook_runs_and_records_its_figures():
     assert m["bleu_before"] < 5, "an untrained model cannot translate"
     for key in ("bleu_after_zero2", "bleu_after_zero3"):
         assert m[key] >= m["bleu_before"] + 5, f"{key}: training must raise BLEU clearly ({m})"
-    assert m["handoff_same_translations"] == m["handoff_compared"] > 0, "the handed-off model must translate as in the ranks"
+    # The hand-off generates with the ranks' settings on the ranks' examples: every translation equal, the same BLEU.
+    assert m["handoff_compared"] == m["eval_examples"] > 0, "the ranks must record every translation they scored"
+    assert m["handoff_same_translations"] == m["handoff_compared"], "the handed-off model must translate as in the ranks"
     assert m["export_matches_checkpoint"] is True
-    assert m["handoff_bleu"] == pytest.approx(m["bleu_after_zero3"], abs=1.0)
+    assert m["handoff_bleu"] == m["bleu_after_zero3"]

@@ -1,7 +1,12 @@
-"""Fast unit tests of course_utils.precision, course_utils.schedules and course_utils.hf_integration."""
+"""Fast unit tests of the precision helpers, the HF/DS combination configs and the "auto" tables."""
 import torch
 
-from course_utils import hf_integration, precision
+from course_utils import configs
+from course_utils.rank import trainer
+from course_utils.rank.data import random_batch
+from course_utils.rank.engine import dtype_name
+from course_utils.views import precision
+from course_utils.views import trainer as trainer_views
 
 
 def test_overflow_table_shows_the_fp16_pitfall():
@@ -13,32 +18,32 @@ def test_overflow_table_shows_the_fp16_pitfall():
 
 def test_skipped_steps_and_dtype_names():
     assert precision.skipped_steps([True, False, True]) == [0, 2]
-    assert precision.dtype_name(torch.bfloat16) == "bfloat16" and precision.dtype_name(None) is None
+    assert dtype_name(torch.bfloat16) == "bfloat16" and dtype_name(None) is None
 
 
 def test_random_batch_differs_per_rank_and_repeats():
-    a, b = precision.random_batch(0, 0), precision.random_batch(0, 1)
+    a, b = random_batch(0, 0), random_batch(0, 1)
     assert not torch.equal(a[0], b[0])
-    assert torch.equal(a[0], precision.random_batch(0, 0)[0])
+    assert torch.equal(a[0], random_batch(0, 0)[0])
 
 
 def test_combo_config_removes_the_sections_hf_provides():
     base = {"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR"}, "zero_optimization": {"stage": 2}}
-    cfg = hf_integration.combo_config(base, hf_opt=True, hf_sched=False, offload=True)
+    cfg = trainer.combo_config(base, hf_opt=True, hf_sched=False, offload=True)
     assert "optimizer" not in cfg and "scheduler" in cfg
     assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert "offload_optimizer" not in hf_integration.combo_config(cfg, False, False, False)["zero_optimization"]
+    assert "offload_optimizer" not in trainer.combo_config(cfg, False, False, False)["zero_optimization"]
     assert base == {"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR"}, "zero_optimization": {"stage": 2}}
-    assert len(hf_integration.combos()) == 8
-    assert hf_integration.combo_key(False, True, True) == "ds_opt+hf_sched+offload"
+    assert len(trainer.combos()) == 8
+    assert trainer.combo_key(False, True, True) == "ds_opt+hf_sched+offload"
 
 
 def test_auto_keys_and_resolution_table():
     written = {"optimizer": {"params": {"lr": "auto", "eps": 1e-8}}, "train_batch_size": "auto"}
     received = {"optimizer": {"params": {"lr": 0.001, "eps": 1e-8}}, "train_batch_size": 16}
-    assert hf_integration.auto_keys(written) == ["optimizer.params.lr", "train_batch_size"]
-    rows = hf_integration.resolution_table(written, received, [{"key": "optimizer.params.lr", "value": 0.001,
-                                                                "from": "learning_rate"}])
+    assert configs.auto_keys(written) == ["optimizer.params.lr", "train_batch_size"]
+    rows = trainer_views.resolution_table(written, received, [trainer.AutoFill("optimizer.params.lr", 0.001,
+                                                                               "learning_rate")])
     assert rows[0] == {"key": "optimizer.params.lr", "written": "auto", "received by DeepSpeed": 0.001,
                        "filled from": "learning_rate"}
     assert rows[1]["filled from"] == "(not filled)"
@@ -47,4 +52,4 @@ def test_auto_keys_and_resolution_table():
 def test_other_changes_ignores_auto_and_reports_the_rest():
     written = {"steps_per_print": 10, "optimizer": {"params": {"lr": "auto"}}, "stage": 2}
     received = {"steps_per_print": float("inf"), "optimizer": {"params": {"lr": 0.1}}, "stage": 2}
-    assert hf_integration.other_changes(written, received) == {"steps_per_print": (10, float("inf"))}
+    assert trainer_views.other_changes(written, received) == {"steps_per_print": (10, float("inf"))}

@@ -5,8 +5,8 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils import record
-from course_utils.scripting import finish, parse_args
+from course_utils.rank.record import record
+from course_utils.rank.scaffolding import finish, parse_args
 
 args = parse_args()
 deepspeed.init_distributed()

@@ -1,8 +1,8 @@
-"""Distributed basics, measured from live ranks: identities, backends, collectives, a byte counter
-for point-to-point traffic, all_reduce timing, and the figures of notebook 01.
+"""Distributed basics inside a rank: who it is, which device and backend it uses, every collective
+once, a byte counter for point-to-point traffic, all_reduce timing, and gathering predictions.
 
-The functions that take no ``dist`` argument but use ``torch.distributed`` run *inside* ranks
-(scripts/01_*.py call them); the ``plot_*`` and ``*_table`` functions run in the notebook.
+scripts/00-02 call these in the ranks; the notebook draws their records with
+:mod:`course_utils.views.distributed`.
 """
 from __future__ import annotations
 
@@ -10,22 +10,41 @@ import contextlib
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+
+from .record import Record
 
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "reduce_scatter", "all_gather", "barrier")
 
 
-def rank_identity() -> dict[str, Any]:
+@dataclass
+class Identity(Record, name="identity"):
+    """Who a rank is, as the ``deepspeed`` launcher told it, plus what it runs on once joined."""
+    node_rank: int
+    local_rank: int
+    rank: int
+    world_size: int
+    local_size: int
+    master_addr: str | None
+    master_port: int
+    host: str
+    pid: int
+    backend: str | None = None
+    device: str | None = None
+
+
+def rank_identity() -> Identity:
     """Who this process is, as the ``deepspeed`` launcher told it (environment variables).
 
     ``CROSS_RANK`` is the launcher's name for the node rank (``--node_rank``), ``LOCAL_SIZE`` the
     number of ranks on this node.
     """
     env = os.environ
-    return {"node_rank": int(env.get("CROSS_RANK", 0)), "local_rank": int(env.get("LOCAL_RANK", 0)),
-            "rank": int(env.get("RANK", 0)), "world_size": int(env.get("WORLD_SIZE", 1)),
-            "local_size": int(env.get("LOCAL_SIZE", 1)), "master_addr": env.get("MASTER_ADDR"),
-            "master_port": int(env.get("MASTER_PORT", 0)), "host": socket.gethostname(), "pid": os.getpid()}
+    return Identity(node_rank=int(env.get("CROSS_RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
+                    rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
+                    local_size=int(env.get("LOCAL_SIZE", 1)), master_addr=env.get("MASTER_ADDR"),
+                    master_port=int(env.get("MASTER_PORT", 0)), host=socket.gethostname(), pid=os.getpid())
 
 
 def backends_available() -> dict[str, bool]:
@@ -58,7 +77,17 @@ def _values(t) -> list:
     return [round(float(x), 4) for x in t.flatten().tolist()]
 
 
-def run_collectives(device: str) -> list[dict[str, Any]]:
+@dataclass
+class CollectiveRow(Record, name="collectives"):
+    """One collective on one rank: its tensor before and after, and how it was done."""
+    collective: str
+    rank: int
+    before: list
+    after: list
+    how: str
+
+
+def run_collectives(device: str) -> list[CollectiveRow]:
     """Run every collective once on small tensors; one row per collective with this rank's
     tensor before and after (and how reduce_scatter was done, since backends differ there).
 
@@ -76,7 +105,7 @@ def run_collectives(device: str) -> list[dict[str, Any]]:
     rows = []
 
     def row(name: str, before, after, how: str) -> None:
-        rows.append({"collective": name, "rank": rank, "before": _values(before), "after": _values(after), "how": how})
+        rows.append(CollectiveRow(name, rank, _values(before), _values(after), how))
 
     t = start() if rank == 0 else torch.zeros(world, device=device)
     before = t.clone()
@@ -176,7 +205,16 @@ def ring_bytes_expected(tensor_bytes: int, world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * tensor_bytes
 
 
-def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[dict[str, float]]:
+@dataclass
+class AllReduceTime(Record, name="all_reduce_times"):
+    """Median seconds of one all_reduce message size."""
+    elements: int
+    bytes: int
+    seconds: float
+    gbytes_per_s: float
+
+
+def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[AllReduceTime]:
     """Median seconds of ``all_reduce(SUM)`` on float32 tensors of each size (elements), after one
     warm-up call; each timed call ends with a barrier-free sync on the result (``.cpu()``)."""
     import statistics
@@ -196,90 +234,8 @@ def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[dic
             t[:1].cpu()
             times.append(time.perf_counter() - started)
         seconds = statistics.median(times)
-        rows.append({"elements": n, "bytes": 4 * n, "seconds": seconds, "gbytes_per_s": 4 * n / seconds / 1e9})
+        rows.append(AllReduceTime(elements=n, bytes=4 * n, seconds=seconds, gbytes_per_s=4 * n / seconds / 1e9))
     return rows
-
-
-# ---------------------------------------------------------------- notebook side: tables and figures
-
-def collectives_table(rows: list[dict[str, Any]]):
-    """Rows from every rank → a DataFrame indexed by (collective, rank), in the order they ran."""
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    df["collective"] = pd.Categorical(df["collective"], COLLECTIVES, ordered=True)
-    return df.sort_values(["collective", "rank"]).set_index(["collective", "rank"])
-
-
-def plot_parallelism_families():
-    """Four panels: how data, tensor (model) and pipeline parallelism split a 4-layer model over
-    devices, and how 3D parallelism combines them; ZeRO marked as data parallelism whose
-    parameters, gradients and optimizer states are partitioned instead of replicated."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b2", "#937860", "#da8bc3", "#8c8c8c"]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4.2))
-    layers = 4
-
-    def model(ax, x0, y0, w, h, owner: Callable[[int, int], int], label: str, hatch_fn=None) -> None:
-        """A model drawn as `layers` rows of 2 halves; owner(layer, half) gives the device colour."""
-        for layer in range(layers):
-            for half in range(2):
-                dev = owner(layer, half)
-                ax.add_patch(Rectangle((x0 + half * w / 2, y0 + (layers - 1 - layer) * h / layers), w / 2, h / layers,
-                                       facecolor=colors[dev % len(colors)], edgecolor="white", lw=1.5,
-                                       hatch=hatch_fn(layer, half) if hatch_fn else None))
-        ax.text(x0 + w / 2, y0 - 0.06, label, ha="center", va="top", fontsize=9)
-
-    def frame(ax, title: str, note: str) -> None:
-        ax.set_xlim(0, 1)
-        ax.set_ylim(-0.25, 1.05)
-        ax.axis("off")
-        ax.set_title(title, fontsize=11)
-        ax.text(0.5, -0.22, note, ha="center", va="bottom", fontsize=8.5, wrap=True)
-
-    ax = axes[0]
-    for d in range(2):
-        model(ax, 0.08 + d * 0.46, 0.12, 0.38, 0.8, lambda l, h, d=d: d, f"device {d}: full copy\nbatch shard {d}")
-    frame(ax, "Data parallel (DDP; ZeRO)", "same model everywhere, different data;\ngradients all_reduced. "
-          "ZeRO: each device\nkeeps only 1/N of params/grads/optimizer")
-    ax = axes[1]
-    model(ax, 0.3, 0.12, 0.4, 0.8, lambda l, h: h, "each layer's matrices\nsplit in halves: dev 0 | dev 1")
-    frame(ax, "Tensor (model) parallel", "every layer split across devices;\nactivations all_reduced "
-          "inside each layer")
-    ax = axes[2]
-    model(ax, 0.3, 0.12, 0.4, 0.8, lambda l, h: l // 2, "layers 0-1: dev 0\nlayers 2-3: dev 1")
-    frame(ax, "Pipeline parallel", "consecutive layers on different devices;\nmicro-batches flow "
-          "stage to stage (send/recv)")
-    ax = axes[3]
-    for d in range(2):
-        model(ax, 0.08 + d * 0.46, 0.12, 0.38, 0.8, lambda l, h, d=d: 4 * d + 2 * (l // 2) + h,
-              f"replica {d}: 4 devices\n(2 stages × 2 tensor)")
-    frame(ax, "3D = data × pipeline × tensor", "here 2 × 2 × 2 = 8 devices (colours);\nDeepSpeed: ZeRO-1 "
-          "data parallel + pipeline\n+ Megatron-style tensor parallel")
-    fig.tight_layout()
-    return fig
-
-
-def plot_all_reduce_times(rows: list[dict[str, float]], world_size: int, backend: str):
-    """all_reduce time and algorithm bandwidth against message size (log-log)."""
-    import matplotlib.pyplot as plt
-
-    sizes = [r["bytes"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    a.loglog(sizes, [1e3 * r["seconds"] for r in rows], "o-")
-    a.set_xlabel("message size (bytes)")
-    a.set_ylabel("all_reduce time (ms, median)")
-    a.set_title(f"all_reduce on {world_size} ranks ({backend})")
-    b.semilogx(sizes, [r["gbytes_per_s"] for r in rows], "o-", color="C1")
-    b.set_xlabel("message size (bytes)")
-    b.set_ylabel("size / time (GB/s)")
-    b.set_title("small messages: latency-bound; large: bandwidth-bound")
-    for ax in (a, b):
-        ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return fig
 
 
 def gather_predictions(indices, preds, labels):

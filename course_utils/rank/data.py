@@ -1,7 +1,8 @@
-"""Offline data for the course: generated data sets (via ``datasets``) and WordPiece tokenizers
-trained locally with ``tokenizers``, cached under ``build/data``.
+"""Offline data for the ranks: generated data sets (via ``datasets``), WordPiece tokenizers trained
+locally with ``tokenizers`` (cached under ``build/data``), and the deterministic streams of the
+checkpoint, Trainer and precision experiments.
 
-The emotion data set stands in for the seed's 6-class Chinese emotion corpus: short English sentences
+The emotion data set (notebook 02) stands in for a common tutorial's 6-class Chinese emotion corpus: short English sentences
 whose label follows from an emotion cue phrase, with negated cues of *other* emotions mixed in
 ("i am not furious ..."), so a model must read word order, not just count keywords.
 """
@@ -11,11 +12,12 @@ import random
 from pathlib import Path
 from typing import Iterable
 
-from . import paths
+from .. import paths
+from .models import PRESETS
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EMOTION_LABELS = ["other", "like", "sadness", "disgust", "anger", "happiness"]
-_LABEL_WEIGHTS = [0.30, 0.14, 0.14, 0.12, 0.12, 0.18]      # uneven, like the seed's corpus
+_LABEL_WEIGHTS = [0.30, 0.14, 0.14, 0.12, 0.12, 0.18]      # uneven, like that tutorial's corpus
 _CUES = {
     "like": ["love", "adore", "enjoy", "really like", "am fond of", "appreciate", "cherish", "am into"],
     "sadness": ["miss", "feel lonely without", "am heartbroken about", "cry over", "feel down about",
@@ -147,3 +149,64 @@ def shard_loader(dataset, batch_size: int, rank: int, world_size: int, shuffle: 
 
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+
+
+# ---------------------------------------------------------------- notebook 09: the checkpoint stream
+
+def sample(index: int):
+    """Sequence ``index`` of the checkpoint data: an arithmetic progression modulo the vocabulary of
+    ``tiny_gpt2("checkpoints")`` (learnable)."""
+    import torch
+
+    p = PRESETS["checkpoints"]
+    g = torch.Generator().manual_seed(index)
+    start, stride = torch.randint(0, p.vocab_size, (2,), generator=g).tolist()
+    return (start + (stride % 7 + 1) * torch.arange(p.seq_len)) % p.vocab_size
+
+
+def global_batch(step: int, batch_size: int):
+    """The samples of training step ``step`` (0-based): the same for any number of ranks, so a resumed
+    run sees exactly the batches an uninterrupted run sees."""
+    import torch
+
+    return torch.stack([sample(step * batch_size + i) for i in range(batch_size)])
+
+
+def rank_slice(batch, rank: int, world_size: int):
+    """This rank's micro-batch of a global batch (contiguous shards, so 2 ranks × 4 == 1 rank × 8)."""
+    if len(batch) % world_size:
+        raise ValueError(f"A global batch of {len(batch)} does not split over {world_size} ranks: "
+                         f"choose a batch size that is a multiple of the number of ranks.")
+    per_rank = len(batch) // world_size
+    return batch[rank * per_rank:(rank + 1) * per_rank]
+
+
+def fixed_batch():
+    """The batch on which exported models are compared (never used for training)."""
+    import torch
+
+    return torch.stack([sample(10_000_000 + i) for i in range(4)])
+
+
+# ---------------------------------------------------------------- notebooks 07-08 and 06-07
+
+def counting_dataset(rows: int = 64, seed: int = 0):
+    """A ``datasets.Dataset`` for ``tiny_gpt2("trainer")``: token sequences that count upwards from a
+    random start (learnable)."""
+    import numpy as np
+    from datasets import Dataset
+
+    p = PRESETS["trainer"]
+    starts = np.random.default_rng(seed).integers(0, p.vocab_size, rows)
+    ids = [[(int(s) + i) % p.vocab_size for i in range(p.seq_len)] for s in starts]
+    return Dataset.from_dict({"input_ids": ids, "labels": ids}).with_format("torch")
+
+
+def random_batch(step: int, rank: int, batch: int = 8, classes: int = 4):
+    """A reproducible batch for ``models.tiny_mlp`` that differs per step and per rank (each rank sees
+    its own shard)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(batch, 16, generator=g)
+    return x, (x[:, :classes].argmax(dim=1))          # a learnable rule: the largest of the first features

@@ -1,6 +1,6 @@
 """The capstone's translation task, offline: a synthetic language pair, a local tokenizer, a tiny T5, BLEU.
 
-The seed lab fine-tunes t5-small on WMT16 ro-en, which needs a model hub and a data hub. This module
+A classic DeepSpeed lab fine-tunes t5-small on WMT16 ro-en, which needs a model hub and a data hub. This module
 builds a stand-in with the same shape that a tiny T5 can learn in minutes on a CPU:
 
 - a *source* language with a grammar (``DET ADJ* NOUN VERB DET ADJ* NOUN ADV?``) and a few hundred
@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 SOURCE_LANG, TARGET_LANG = "src", "tgt"
 SPECIALS = ["<pad>", "</s>", "<unk>"]          # T5's ids: pad 0 (also the decoder start), eos 1, unk 2
@@ -149,9 +149,22 @@ def bleu(predictions: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(predictions, [references]).score
 
 
+def eval_batch_size(examples: int, world_size: int) -> int:
+    """Examples per rank when evaluation generates exactly one batch on each rank (the remainder of an
+    uneven split is left out): the hand-off can then translate the very same batches."""
+    if examples < world_size:
+        raise ValueError(f"{examples} evaluation examples cannot give each of {world_size} ranks one: "
+                         f"evaluate on at least {world_size}.")
+    return examples // world_size
+
+
 def translate(model, tokenizer, sentences: list[str], prefix: str = "", batch_size: int = 64,
-              max_new_tokens: int = 32) -> list[str]:
+              max_length: int = 64) -> list[str]:
     """Greedy translations with plain transformers (no DeepSpeed): how a handed-off model is used.
+
+    The settings are the Seq2SeqTrainer's in the ranks: ``max_length`` bounds the whole output (its
+    ``generation_max_length``), one beam, inputs truncated to ``max_length`` as the script tokenizes them.
+    Translate in the batches the ranks used (``batch_size``) to get their translations bit for bit.
 
     ``synced_gpus=False``: once a ZeRO-3 config is registered in the process (by the Trainer's arguments),
     ``generate`` would otherwise wait for every rank at each token, and a single rank would hang.
@@ -161,9 +174,10 @@ def translate(model, tokenizer, sentences: list[str], prefix: str = "", batch_si
     model.eval()
     out = []
     for i in range(0, len(sentences), batch_size):
-        batch = tokenizer([prefix + s for s in sentences[i:i + batch_size]], return_tensors="pt", padding=True)
+        batch = tokenizer([prefix + s for s in sentences[i:i + batch_size]], return_tensors="pt", padding=True,
+                          truncation=True, max_length=max_length)
         with torch.no_grad():
-            generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+            generated = model.generate(**batch, max_length=max_length, do_sample=False, num_beams=1,
                                        synced_gpus=False)
-        out += tokenizer.batch_decode(generated, skip_special_tokens=True)
+        out += [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
     return out

@@ -1,56 +1,26 @@
-"""Mixed precision, read from the objects that do it: engine dtypes, loss scales, overflows.
-
-Notebook 06 and its script use these helpers so that every dtype and every scale it shows is read
-from a live DeepSpeed engine or from DeepSpeed's own loss-scaler classes, never typed in.
-"""
+"""Notebook 06's demonstrations, tables and figure: what this machine supports, the fp16 overflow
+pitfall, and the loss-scale traces the ranks recorded."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Any
 
 import torch
+
+from .. import scripts
+from ..rank.engine import dtype_name
+from ..rank.data import random_batch
+from ..rank.models import tiny_mlp
+from ..rank.record import read_as
 
 FP16_MAX = torch.finfo(torch.float16).max       # 65504: anything larger becomes inf in fp16
 BF16_MAX = torch.finfo(torch.bfloat16).max      # ~3.4e38: the same exponent range as fp32
 
 
-def tiny_mlp(seed: int = 0, width: int = 32, classes: int = 4) -> torch.nn.Module:
-    """A small classifier (16 → width → classes): big enough to train, small enough for 2 CPU cores."""
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, classes))
-
-
-def random_batch(step: int, rank: int, batch: int = 8, classes: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """A reproducible batch that differs per step and per rank (each rank sees its own shard)."""
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(batch, 16, generator=g)
-    return x, (x[:, :classes].argmax(dim=1))          # a learnable rule: the largest of the first features
-
-
-def dtype_name(dtype: torch.dtype | None) -> str | None:
-    """``torch.bfloat16`` → ``"bfloat16"`` (JSON-friendly)."""
-    return None if dtype is None else str(dtype).replace("torch.", "")
-
-
-def engine_dtypes(engine: Any) -> dict[str, str | None]:
-    """The dtypes a ZeRO stage 1/2 engine really holds, read after a backward pass.
-
-    - ``module``: the parameters the forward pass uses (what the model was cast to);
-    - ``master``: the optimizer's own copy of this rank's partition (``single_partition_of_fp32_groups``);
-    - ``grad``: the gradient the engine reduces (``param.grad`` before the step, or the optimizer's
-      partitioned gradient buffer when the engine already moved it there);
-    - ``communication``: the dtype gradients are all-reduced in.
-    """
-    param = next(p for p in engine.module.parameters() if p.requires_grad)
-    opt = engine.optimizer
-    master = getattr(opt, "single_partition_of_fp32_groups", None)
-    grad = param.grad
-    if grad is None and getattr(opt, "averaged_gradients", None):
-        grad = next(iter(opt.averaged_gradients.values()))[0]
-    return {"module": dtype_name(param.dtype),
-            "master": dtype_name(master[0].dtype) if master else None,
-            "grad": dtype_name(grad.dtype) if grad is not None else None,
-            "communication": dtype_name(engine.communication_data_type)}
+def read_traces(records: list[dict]) -> dict[str, Any]:
+    """Rank 0's loss-scaling runs, label → ``Trace`` (declared in scripts/06_mixed_precision.py)."""
+    return {t.label: t for t in read_as(records, scripts.load("06_mixed_precision").Trace)}
 
 
 def overflow_table(scale: float = 1000.0, seed: int = 0) -> list[dict[str, Any]]:
@@ -101,17 +71,18 @@ def skipped_steps(overflows: list[bool]) -> list[int]:
     return [i for i, o in enumerate(overflows) if o]
 
 
-def plot_scale_traces(traces: dict[str, dict[str, list]], title: str = "loss scale per step"):
-    """Loss scale (log2) and learning rate per step for each run; skipped steps marked with ×."""
+def plot_scale_traces(traces: dict[str, Any], title: str = "loss scale per step"):
+    """Loss scale (log2) and learning rate per step for each run (label → ``Trace`` of
+    scripts/06_mixed_precision.py); skipped steps marked with ×."""
     import matplotlib.pyplot as plt
 
     fig, (ax_s, ax_lr) = plt.subplots(1, 2, figsize=(11, 3.6))
     for label, t in traces.items():
-        steps = range(len(t["scale"]))
-        line, = ax_s.step(steps, [torch.tensor(s).log2().item() for s in t["scale"]], where="post", label=label)
-        skipped = skipped_steps(t["overflow"])
-        ax_s.plot(skipped, [torch.tensor(t["scale"][i]).log2().item() for i in skipped], "x", color=line.get_color())
-        ax_lr.plot(steps, t["lr"], label=label, color=line.get_color())
+        steps = range(len(t.scale))
+        line, = ax_s.step(steps, [math.log2(s) for s in t.scale], where="post", label=label)
+        skipped = skipped_steps(t.overflow)
+        ax_s.plot(skipped, [math.log2(t.scale[i]) for i in skipped], "x", color=line.get_color())
+        ax_lr.plot(steps, t.lr, label=label, color=line.get_color())
     ax_s.set(xlabel="step", ylabel="log2(loss scale)", title=title + " (× = overflow, step skipped)")
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate (the scheduler waits on skipped steps)")
     ax_s.legend(fontsize=8)

@@ -1,9 +1,14 @@
-"""Small pieces every training script of the course needs, so scripts show only what they teach."""
+"""Small pieces every script of the course needs, so scripts show only what they teach: the command
+line, the DeepSpeed config, a learner's exercise file, seeds, rank-0 printing and a clean exit."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import random
+from pathlib import Path
+from typing import Any, Callable
 
 
 def parse_args(parser: argparse.ArgumentParser | None = None, argv: list[str] | None = None) -> argparse.Namespace:
@@ -15,6 +20,29 @@ def parse_args(parser: argparse.ArgumentParser | None = None, argv: list[str] | 
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args(argv)
+
+
+def read_config(path: str | Path) -> dict:
+    """A DeepSpeed JSON config file as a dict (the notebook checked it before the launch)."""
+    return json.loads(Path(path).read_text())
+
+
+def load_config(args: argparse.Namespace) -> dict:
+    """The config the script was started with (``--deepspeed_config``), as a dict."""
+    if not getattr(args, "deepspeed_config", None):
+        raise SystemExit("This script needs a DeepSpeed config: add --deepspeed_config configs/<name>.json")
+    return read_config(args.deepspeed_config)
+
+
+def load_exercise(path: str | Path, names: list[str] | tuple[str, ...]) -> dict[str, Callable[..., Any]]:
+    """The functions ``names`` that a learner's exercise file defines (``checks.export_function`` wrote
+    it from the notebook), as ``{name: function}``; names the file does not define are left out."""
+    spec = importlib.util.spec_from_file_location(f"exercise_{Path(path).stem}", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"No Python file at {path}: export the exercise function from the notebook first")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {name: getattr(module, name) for name in names if hasattr(module, name)}
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,27 @@
+"""The course's runner of multi-rank launches (the real ``deepspeed`` launcher) and single tools.
+
+Notebooks call :func:`deepspeed` and :func:`command`; the package splits the work into modules of one
+job each, so each can be read (and tested) on its own:
+
+- :mod:`.runner`: the launch itself, start to result (``deepspeed(...)`` → ``run(script, args, options)``);
+- :mod:`.options`: :class:`LaunchOptions`, the settings of one launch;
+- :mod:`.commands`: script, run folder, config argument and the ``deepspeed`` command lines;
+- :mod:`.environment`: the ranks' environment;
+- :mod:`.streams`: the live ``[rank N]`` stream and the filter of what a learner sees;
+- :mod:`.processes`: process groups, the watchdog, /dev/shm buffers;
+- :mod:`.failures`: which rank failed first, and the messages;
+- :mod:`.result`: :class:`LaunchResult` and the errors;
+- :mod:`.tool`: :func:`command`, one single-process tool.
+"""
+from __future__ import annotations
+
+from .. import paths  # noqa: F401  (launch.paths: where the tests and notebooks find run folders)
+from .commands import free_port
+from .options import DEFAULT_TIMEOUT, LaunchOptions
+from .processes import release_shm_buffers
+from .result import CommandError, LaunchError, LaunchResult
+from .runner import deepspeed, run
+from .tool import command
+
+__all__ = ["deepspeed", "run", "command", "LaunchError", "LaunchResult", "LaunchOptions", "CommandError",
+           "free_port", "release_shm_buffers", "DEFAULT_TIMEOUT"]

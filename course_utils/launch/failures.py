@@ -1,0 +1,68 @@
+"""Turning a failed launch into one message that names what went wrong.
+
+When one rank dies, its peers die soon after with connection errors that say nothing about the cause.
+The rank hook (``course_utils/rank_hook/sitecustomize.py``) writes ``failures/rank<N>.json`` with the
+time of each uncaught exception, so the message can name the rank that failed *first* and show its
+traceback, not the last rank to notice.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import paths
+from .result import LaunchResult
+
+TAIL_LINES = 25
+
+
+def tail(text: str, n: int = TAIL_LINES) -> str:
+    """The last ``n`` lines of ``text``."""
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None, str]:
+    """The rank that died first and its traceback: from the rank hook's records, else from the logs."""
+    records = []
+    for path in (run_dir / "failures").glob("rank*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            pass
+    if records:
+        first = min(records, key=lambda r: r["time"])
+        return int(first["rank"]), first["traceback"]
+    for rank, text in sorted(rank_logs.items()):
+        if "Traceback (most recent call last)" in text:
+            return rank, text[text.index("Traceback (most recent call last)"):]
+    return None, ""
+
+
+def hidden_note(hidden: int, run_dir: Path) -> str:
+    """Where the lines the learner filter kept out of the cell's output are, or "" when none were."""
+    if not hidden:
+        return ""
+    return (f"({hidden} line{'s' if hidden != 1 else ''} of launcher/library chatter hidden: "
+            f"{paths.relative(run_dir)}/launch.log, or verbose=True)")
+
+
+def finished_message(result: LaunchResult, note: str = "") -> str:
+    """The last line of a successful launch."""
+    line = (f"✔ {result.world_size} ranks finished in {result.seconds:.1f} s — "
+            f"logs: {paths.relative(result.run_dir)}/")
+    return f"{line} {note}" if note else line
+
+
+def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note: str = "") -> str:
+    """The :class:`LaunchError` message: a timeout (every rank's last lines) or the first failing rank."""
+    where = f"Logs: {paths.relative(result.run_dir)}/launch.log and ranks/." + (f" {note}" if note else "")
+    if timed_out:
+        tails = "\n".join(f"--- rank {r} (last lines) ---\n{tail(t, 8)}" for r, t in sorted(result.rank_logs.items()))
+        return (f"Launch timed out after {timeout:.0f} s and every process of it was killed. A rank stuck "
+                f"in a collective (all_reduce, barrier, ...) that another rank never reached looks like "
+                f"this; so does a run that needs a longer timeout=.\n{tails}\n{where}")
+    rank, trace = first_failure(result.run_dir, result.rank_logs)
+    if rank is None:
+        return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
+                f"with an error status or was killed); the end of the log:\n{tail(result.log)}\n{where}")
+    return f"Rank {rank} failed (launch exit code {result.returncode}):\n{tail(trace)}\n{where}"

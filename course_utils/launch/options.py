@@ -1,0 +1,42 @@
+"""The settings of one launch, as one immutable value.
+
+``deepspeed(...)`` keeps the keyword arguments notebooks already use; inside the package they travel
+as a single frozen :class:`LaunchOptions`, so every step (commands, environment, streaming, failure
+messages) reads the same settings and none of them can change a setting behind another's back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+DEFAULT_TIMEOUT = 600   # seconds; far above any course launch, low enough that a hung cell ends on its own
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to launch a script; see :func:`course_utils.launch.deepspeed` for what each field means."""
+
+    procs: int                                    # ranks per node (already resolved from the hardware)
+    nodes: int = 1                                # simulated nodes on this machine
+    config: dict | str | Path | None = None       # DeepSpeed config: a dict, or a path (configs/ looked up)
+    trainer: bool = False                         # allow the "auto" values the HF Trainer fills in
+    config_arg: str = "--deepspeed_config"        # the script's flag that receives the config path
+    timeout: float = DEFAULT_TIMEOUT              # seconds until every process of the launch is killed
+    env: Mapping[str, Any] | None = None          # extra environment variables for the ranks
+    name: str | None = None                       # run folder name (default: the script's stem)
+    check: bool = True                            # raise LaunchError when the launch fails
+    verbose: bool = False                         # also stream the lines the learner filter hides
+    quiet: bool = False                           # stream nothing
+    precheck: bool = True                         # validate the config with configs.validate first
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.procs, int) or self.procs < 1:
+            raise ValueError(f"procs must be a whole number of ranks per node ≥ 1, not {self.procs!r}")
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be a whole number ≥ 1, not {self.nodes!r}")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks over all simulated nodes."""
+        return self.procs * self.nodes

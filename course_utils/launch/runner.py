@@ -1,0 +1,140 @@
+"""The one runner: every multi-rank launch in the course goes through :func:`deepspeed`.
+
+It runs the real ``deepspeed`` command line launcher as a subprocess in its own process group,
+streams each rank's output live with a ``[rank N]`` prefix, and returns the full log and the
+figures the script recorded. It checks the config before any rank starts, names the rank that
+failed (with its traceback), and on a timeout, an error or a notebook interrupt kills the whole
+process group, so no rank outlives the cell that started it.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .. import hardware, paths
+from . import commands as cmds
+from .environment import rank_environment
+from .failures import failure_message, finished_message, hidden_note
+from .options import DEFAULT_TIMEOUT, LaunchOptions
+from .processes import kill_group, release_shm_buffers, signal_groups, start_launchers, start_watchdog
+from .result import LaunchError, LaunchResult
+from .streams import LearnerFilter, Streams
+
+from ..rank.record import read_records
+
+
+def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, config: dict | str | Path | None = None,
+              timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1, name: str | None = None,
+              trainer: bool = False, config_arg: str = "--deepspeed_config", check: bool = True,
+              verbose: bool = False, quiet: bool = False, precheck: bool = True) -> LaunchResult:
+    """Launch ``script`` on ``procs`` ranks (per node) with the real ``deepspeed`` launcher.
+
+    - ``procs``: ranks per node; default one per GPU, or 2 CPU ranks without a GPU.
+    - ``config``: a DeepSpeed config (dict, or a path; bare names are looked up in ``configs/``). It is
+      validated for the launch's world size first and passed to the script as ``config_arg <path>``.
+      ``trainer=True`` allows the "auto" values that the HF Trainer fills (the script hands the path to
+      ``TrainingArguments(deepspeed=...)``).
+    - ``precheck=False``: skip that validation and pass the config unchanged, to meet DeepSpeed's own error.
+    - ``nodes``: simulate several nodes on this machine (one launcher per node, ``--no_ssh``).
+    - ``timeout``: seconds until every process of the launch is killed and :class:`LaunchError` raised.
+    - ``check``: raise :class:`LaunchError` when a rank fails (else return the result with its returncode).
+    - ``verbose``: also stream the launcher/library chatter (DeepSpeed's INFO lines, deprecation warnings;
+      they are always in ``result.log``); ``quiet``: stream nothing.
+    """
+    options = LaunchOptions(procs=procs or hardware.detect().default_procs, nodes=nodes, config=config,
+                            trainer=trainer, config_arg=config_arg, timeout=timeout, env=env, name=name,
+                            check=check, verbose=verbose, quiet=quiet, precheck=precheck)
+    return run(script, script_args, options)
+
+
+def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) -> LaunchResult:
+    """Launch ``script`` with ``script_args`` as ``options`` say (the core of :func:`deepspeed`)."""
+    hardware.detect()     # before the config check imports DeepSpeed: on a CPU machine it sets DS_ACCELERATOR,
+    #                       which spares the notebook DeepSpeed's "Setting accelerator to CPU" warning
+    script_path = cmds.resolve_script(script)
+    run_dir = cmds.new_run_dir(script_path, options.name)
+    if options.config is not None and not options.precheck and not options.quiet:
+        print("Config pre-check off (precheck=False): the config goes to DeepSpeed unchecked.", flush=True)
+    args = [str(a) for a in script_args] + cmds.config_args(options, run_dir)
+    port = cmds.free_port()
+    commands = cmds.node_commands(cmds.deepspeed_cli(), script_path, args, options, port, run_dir)
+    shown = cmds.shown_command(commands)
+    if not options.quiet:
+        print(f"$ {shown}", flush=True)
+
+    environment = rank_environment(run_dir, options.world_size, options.env)
+    shown_filter = LearnerFilter()
+    log_lines: list[str] = []
+
+    def emit(lines: list[str]) -> None:
+        for line in lines:
+            log_lines.append(line)                 # the full log keeps every line
+            teaches = shown_filter.shows(line)     # asked every time: the filter counts and follows warnings
+            if not options.quiet and (teaches or options.verbose):
+                print(line, flush=True)
+
+    started = time.monotonic()
+    launchers: list[subprocess.Popen] = []
+    watchdog: subprocess.Popen | None = None
+    try:
+        launchers = start_launchers(commands, paths.ROOT, environment)
+        watchdog = start_watchdog(launchers, port)
+        streams = Streams(launchers, run_dir / "ranks")
+        timed_out = _supervise(launchers, streams, emit, started, options.timeout)
+    except BaseException:
+        kill_group(launchers)
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
+        release_shm_buffers(port)
+
+    signal_groups(launchers, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
+    seconds = time.monotonic() - started
+    codes = [p.returncode for p in launchers]
+    returncode = 124 if timed_out else next((c for c in codes if c != 0), 0)
+    (run_dir / "launch.log").write_text("\n".join(log_lines) + "\n")
+    hidden = 0 if options.verbose else shown_filter.hidden
+    result = LaunchResult(returncode=returncode, log="\n".join(log_lines), records=read_records(run_dir),
+                          run_dir=run_dir, command=shown, seconds=seconds, world_size=options.world_size,
+                          rank_logs={r: "\n".join(lines) for r, lines in streams.rank_text.items()},
+                          hidden_lines=hidden)
+    note = "" if options.quiet else hidden_note(hidden, run_dir)
+    if returncode != 0 and options.check:
+        raise LaunchError(failure_message(result, timed_out, options.timeout, note), result)
+    if not options.quiet:
+        print(finished_message(result, note), flush=True)
+    return result
+
+
+def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callable[[list[str]], None],
+               started: float, timeout: float) -> bool:
+    """Stream until every launcher has exited; end the launch early on a failed node or the timeout.
+
+    Returns whether the timeout ended it. A node whose launcher failed ends the others too, since
+    their ranks would wait forever in a collective for the ranks that are gone.
+    """
+    timed_out = False
+    while True:
+        streams.poll_rank_logs()
+        emit(streams.drain())
+        codes = [p.poll() for p in launchers]
+        if all(c is not None for c in codes):
+            break
+        if any(c not in (None, 0) for c in codes):   # one simulated node failed: its peers would hang
+            kill_group(launchers)
+            break
+        if time.monotonic() - started > timeout:
+            timed_out = True
+            kill_group(launchers)
+            break
+        time.sleep(0.1)
+    for t in streams.readers:
+        t.join(timeout=5)
+    streams.poll_rank_logs(final=True)
+    emit(streams.drain())
+    return timed_out

@@ -1,0 +1,162 @@
+"""What a rank's engine holds, measured: every tensor storage once, sorted into parameters, gradients,
+optimizer states or buffers, where it lives, and the process's resident memory.
+
+:func:`tensor_inventory` walks what an engine (its module, its ZeRO optimizer and the torch optimizer
+inside) actually holds, follows every tensor to its storage, counts each storage once and sorts it by
+where it was found. Views (a parameter that is a slice of a flat buffer, a partition that is a slice of
+a flat group) share their storage and are not counted twice. What the ZeRO paper says these bytes
+should be is in :mod:`course_utils.rank.zero_rules`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .zero_rules import placement
+
+CATEGORIES = ("params", "grads", "optimizer", "buffers")
+
+
+@dataclass
+class TensorEntry:
+    path: str           # where it was found first, e.g. "optimizer.single_partition_of_fp32_groups[0]"
+    category: str       # params | grads | optimizer | buffers
+    dtype: str
+    numel: int          # elements of the whole storage
+    nbytes: int         # bytes of the whole storage
+    device: str
+
+
+def _category(path: str) -> str:
+    """Sort a tensor by the name it is held under (DeepSpeed's attribute names say what they are)."""
+    p = path.lower()
+    leaf = p.rsplit(".", 1)[-1]
+    if leaf.startswith("grad") or "grad" in leaf:
+        return "grads"
+    if "bucket" in p or "buffer" in p:
+        return "buffers"
+    if ".state[" in p or "fp32" in p or "master" in p:
+        return "optimizer"
+    return "params"
+
+
+# the stronger claim wins when one storage is reachable under several names
+_PRIORITY = {"grads": 0, "optimizer": 1, "params": 2, "buffers": 3}
+
+
+def _children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield f"{path}[{k!r}]" if not hasattr(k, "shape") else f"{path}[<param>]", v
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield f"{path}[{i}]", v
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("deepspeed", "torch"):
+        for k, v in vars(obj).items():
+            yield f"{path}.{k}", v
+
+
+def _walk(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Every tensor reachable from ``obj`` (and the .grad / .ds_tensor hanging off tensors)."""
+    import torch
+
+    if depth > 12:
+        return
+    if isinstance(obj, torch.Tensor):         # a tensor may be held under several names: yield each
+
+        yield path, obj
+        for extra in ("grad", "ds_tensor"):
+            sub = getattr(obj, extra, None)
+            if isinstance(sub, torch.Tensor):
+                yield from _walk(sub, f"{path}.{extra}", seen, depth + 1)
+        return
+    if id(obj) in seen or isinstance(obj, torch.nn.Module):    # modules: walked via named_parameters()
+        return
+    seen.add(id(obj))
+    for child_path, child in _children(obj, path):
+        yield from _walk(child, child_path, seen, depth + 1)
+
+
+def tensor_inventory(engine: Any) -> list[TensorEntry]:
+    """Each tensor storage the engine holds, once, with the category of the strongest name it is held under.
+
+    Walks ``engine.module`` (parameters, their ``.grad``, stage 3's ``.ds_tensor``, module buffers)
+    and ``engine.optimizer`` (the ZeRO/fp16 wrapper, and the torch optimizer with its ``state``).
+    """
+    import torch
+
+    found: dict[int, TensorEntry] = {}
+
+    def add(path: str, t: torch.Tensor, category: str | None = None) -> None:
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0 or t.device.type == "meta":
+            return
+        key = storage.data_ptr()
+        cat = category or _category(path)
+        old = found.get(key)
+        if old is None or _PRIORITY[cat] < _PRIORITY[old.category]:
+            found[key] = TensorEntry(path, cat, str(t.dtype).replace("torch.", ""),
+                                     storage.nbytes() // t.element_size(), storage.nbytes(), str(t.device))
+
+    seen: set[int] = set()
+    module = engine.module
+    for name, p in module.named_parameters():
+        for path, t in _walk(p, f"module.{name}", seen):
+            add(path, t, "grads" if path.endswith(".grad") else "params")
+    for name, b in module.named_buffers():
+        add(f"module.{name}", b, "buffers")
+    for path, t in _walk(engine.optimizer, "optimizer", seen):
+        add(path, t)
+    return sorted(found.values(), key=lambda e: -e.nbytes)
+
+
+def model_state_bytes(inventory: list[TensorEntry], device: str | None = None) -> dict[str, int]:
+    """Bytes per category (params, grads, optimizer, buffers) and ``model_states`` (the first three),
+    optionally only for tensors on ``device`` ("cpu", "cuda")."""
+    out = {c: 0 for c in CATEGORIES}
+    for e in inventory:
+        if device is None or e.device.split(":")[0] == device:
+            out[e.category] += e.nbytes
+    out["model_states"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+# ---------------------------------------------------------------- where the bytes live
+
+def placement_bytes(inventory: list[TensorEntry], zero: dict, accelerator: str) -> dict[str, int]:
+    """Model-state bytes on the accelerator vs in host memory.
+
+    On a GPU the tensors' devices say it. On a CPU machine both places are the same RAM, so the split
+    follows where DeepSpeed was *told* to put each state (:data:`zero_rules.OFFLOAD_MOVES`).
+    """
+    if accelerator != "cpu":
+        return {"device_bytes": model_state_bytes(inventory, device=accelerator)["model_states"],
+                "host_bytes": model_state_bytes(inventory, device="cpu")["model_states"]}
+    split = placement(model_state_bytes(inventory), zero)
+    return {"device_bytes": sum(s["device"] for s in split.values()), "host_bytes": sum(s["host"] for s in split.values())}
+
+
+# ---------------------------------------------------------------- the process's resident memory (Linux)
+
+def reset_peak_rss() -> None:
+    """Reset this process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets VmHWM)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {key} line: RSS measurements need Linux.")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size since the last :func:`reset_peak_rss` (VmHWM)."""
+    return _status_bytes("VmHWM")
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now (VmRSS)."""
+    return _status_bytes("VmRSS")

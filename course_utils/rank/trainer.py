@@ -1,0 +1,119 @@
+"""The Hugging Face Trainer on DeepSpeed ranks, on GPUs and on CPU-only machines alike; the HF × DS
+optimizer/scheduler combinations (notebook 07) and a record of what "auto" was filled with (notebook 08).
+
+On GPUs, ``TrainingArguments(deepspeed=...)`` sets up the distributed state by itself. On a CPU-only
+machine it does not: accelerate only joins a DeepSpeed process group when it sees an accelerator, so
+every rank believes it is alone (world size 1) and DeepSpeed's batch-size check fails
+(train_batch_size != micro_batch × grad_acc × world_size). The remedy, applied by
+:func:`training_arguments`, is to build accelerate's ``PartialState`` for DeepSpeed over gloo
+*first*, and tell the Trainer to use it (``accelerator_config={"use_configured_state": True}``).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from dataclasses import dataclass
+from functools import partialmethod
+from typing import Any, Iterator
+
+import torch
+
+from .record import Record
+
+
+def prepare_cpu_state() -> None:
+    """Join the launched ranks' process group (gloo) as accelerate's DeepSpeed state, on CPU only."""
+    if torch.cuda.is_available():
+        return
+    from accelerate import PartialState
+
+    previous = os.environ.get("ACCELERATE_USE_DEEPSPEED")
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"     # what TrainingArguments sets for DeepSpeed on GPUs
+    try:
+        PartialState(backend="gloo")
+    finally:
+        if previous is None:
+            os.environ.pop("ACCELERATE_USE_DEEPSPEED")
+        else:
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = previous
+
+
+def training_arguments(cls: type | None = None, **kwargs: Any):
+    """``TrainingArguments`` (or ``cls``, e.g. Seq2SeqTrainingArguments) that work on GPU and CPU ranks."""
+    from transformers import TrainingArguments
+
+    cls = cls or TrainingArguments
+    if not torch.cuda.is_available():
+        prepare_cpu_state()
+        config = dict(kwargs.pop("accelerator_config", None) or {})
+        config["use_configured_state"] = True
+        kwargs["accelerator_config"] = config
+    kwargs.setdefault("report_to", "none")
+    kwargs.setdefault("disable_tqdm", True)      # progress bars garble rank logs; the Trainer still logs losses
+    return cls(**kwargs)
+
+
+# ---- notebook 07: the HF/DS optimizer × scheduler matrix ------------------------------------------
+
+def combo_key(hf_opt: bool, hf_sched: bool, offload: bool) -> str:
+    """``"hf_opt+ds_sched"``, with ``"+offload"`` appended for ZeRO-Offload runs."""
+    key = f"{'hf' if hf_opt else 'ds'}_opt+{'hf' if hf_sched else 'ds'}_sched"
+    return key + ("+offload" if offload else "")
+
+
+def combos(offload_options: tuple[bool, ...] = (False, True)) -> list[tuple[bool, bool, bool]]:
+    """Every (hf_opt, hf_sched, offload) combination, in the order of the documented table."""
+    return [(o, s, off) for off in offload_options for o in (True, False) for s in (True, False)]
+
+
+def combo_config(base: dict, hf_opt: bool, hf_sched: bool, offload: bool) -> dict:
+    """``base`` with its ``optimizer``/``scheduler`` sections removed where Hugging Face provides them,
+    and the optimizer offloaded to the CPU or not. A section absent from the DeepSpeed config is what
+    tells the Trainer to build that piece itself."""
+    cfg = copy.deepcopy(base)
+    if hf_opt:
+        cfg.pop("optimizer", None)
+    if hf_sched:
+        cfg.pop("scheduler", None)
+    zero = cfg.setdefault("zero_optimization", {"stage": 2})
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    else:
+        zero.pop("offload_optimizer", None)
+    return cfg
+
+
+# ---- notebook 08: "auto", what the Trainer filled in and from which argument ---------------------
+
+@dataclass
+class AutoFill(Record, name="auto_fills"):
+    """One "auto" value the Trainer replaced: the dotted config key, the value, and the TrainingArguments
+    field it came from (or the quantity the Trainer computed)."""
+    key: str
+    value: Any
+    source: str
+
+
+@contextlib.contextmanager
+def recording_auto_fills() -> Iterator[list[AutoFill]]:
+    """Record every ``fill_match``/``fill_only`` call of ``HfTrainerDeepSpeedConfig`` that replaces an
+    "auto" value (an :class:`AutoFill`). The wrapper calls the original method, so behaviour is unchanged."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig as Cfg
+
+    filled: list[AutoFill] = []
+    original = Cfg.fill_match
+
+    def fill_match(self, ds_key_long, hf_val, hf_key=None, must_match=True):
+        was_auto = self.is_auto(ds_key_long)
+        original(self, ds_key_long, hf_val, hf_key, must_match)
+        if was_auto:
+            filled.append(AutoFill(key=ds_key_long, value=hf_val, source=hf_key or "(set by the Trainer)"))
+
+    Cfg.fill_match = fill_match
+    Cfg.fill_only = partialmethod(fill_match, must_match=False)
+    try:
+        yield filled
+    finally:
+        Cfg.fill_match = original
+        Cfg.fill_only = partialmethod(original, must_match=False)

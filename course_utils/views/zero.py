@@ -1,0 +1,119 @@
+"""Notebook 03's tables and figures: the ZeRO keys of the course configs, measured bytes per rank
+against the formulas, stage 3's partitions, and the DeepSpeed source lines the notebook cites."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import configs, scripts
+from ..rank.record import read_as
+from ..rank.zero_rules import deepspeed_expected, zero_formula
+
+
+def _script():
+    """scripts/03_zero_memory.py, which declares the records read here."""
+    return scripts.load("03_zero_memory")
+
+
+# What the stage 2/3 keys of configs/zero2.json and configs/zero3.json do (DeepSpeed 0.19 semantics).
+ZERO_KEYS = {
+    "overlap_comm": "reduce gradient buckets while backward still runs (needs extra bucket buffers)",
+    "contiguous_gradients": "copy each reduced gradient into one pre-allocated partition buffer "
+                            "(grads_in_partition): no fragmentation, one flat tensor for the step",
+    "reduce_scatter": "stage 2: reduce buckets with reduce-scatter (each rank gets its slice) "
+                      "instead of all-reduce",
+    "reduce_bucket_size": "elements per gradient bucket: bigger = fewer, larger collectives, more memory",
+    "allgather_partitions": "stage 1/2: after the step, all-gather the updated parameter partitions "
+                            "(else a broadcast per partition)",
+    "allgather_bucket_size": "stage 1/2: elements per all-gather of updated parameters",
+    "sub_group_size": "stage 3: the optimizer steps over groups of this many elements at a time "
+                      "(the unit swapped in and out with NVMe offload)",
+    "stage3_prefetch_bucket_size": "stage 3: elements gathered ahead of use during forward/backward",
+    "stage3_param_persistence_threshold": "stage 3: parameters this small are never partitioned",
+    "stage3_max_live_parameters": "stage 3: upper bound of gathered (full) parameters kept alive",
+    "stage3_max_reuse_distance": "stage 3: keep a gathered parameter if it is needed again within this "
+                                 "many parameters",
+    "stage3_gather_16bit_weights_on_model_save": "stage 3: gather the full 16-bit weights when saving",
+}
+
+
+def config_keys_table(*names: str):
+    """The zero_optimization keys of course configs side by side, with what each one does."""
+    import pandas as pd
+
+    zero = {n: configs.load(n)[0]["zero_optimization"] for n in names}
+    keys = sorted({k for z in zero.values() for k in z} - {"stage"}, key=lambda k: list(ZERO_KEYS).index(k)
+                  if k in ZERO_KEYS else len(ZERO_KEYS))
+    rows = [{"key": k, **{n: zero[n].get(k, "—") for n in names}, "what it does": ZERO_KEYS.get(k, "")}
+            for k in keys]
+    return pd.DataFrame(rows).set_index("key")
+
+
+def zero_memory_rows(records: list[dict]) -> list[dict]:
+    """One row per rank and run from a launch's ``zero_memory`` records (every rank): measured
+    model-state bytes, the paper's formula and the formula with DeepSpeed's documented adjustments."""
+    rows = []
+    for r in read_as(records, _script().ZeroMemory, rank=None):
+        psi, stage, n, dtype = r.num_params, r.stage, r.world_size, r.dtype
+        expected = deepspeed_expected(psi, stage, n, dtype, r.grad_partition_numel or None, r.persistent_numel)
+        m = r.measured
+        rows.append({"stage": stage, "world_size": n, "dtype": dtype, "rank": r.rank,
+                     "params": m["params"], "grads": m["grads"], "optimizer": m["optimizer"],
+                     "buffers": m["buffers"], "measured_bytes": m["model_states"],
+                     "formula_bytes": zero_formula(psi, stage, n, dtype)["total"],
+                     "adjusted_bytes": expected["total"],
+                     "accelerator_bytes": r.accelerator["allocated"]})
+    for row in rows:
+        row["vs_formula"] = row["measured_bytes"] / row["formula_bytes"] - 1
+        row["vs_adjusted"] = row["measured_bytes"] / row["adjusted_bytes"] - 1
+    return sorted(rows, key=lambda r: (r["world_size"], r["dtype"], r["stage"], r["rank"]))
+
+
+def partition_table(records: list[dict]):
+    """Stage 3's partitions of one weight, one row per rank (the ``partition`` records of
+    ``--show_partitions``): the shard ``zero.Init`` left on the rank, the whole weight inside
+    ``GatheredParameters``, and after it."""
+    import pandas as pd
+
+    return pd.DataFrame(read_as(records, _script().Partition, rank=None)).set_index("rank")
+
+
+def plot_zero_memory(rows: list[dict], rank: int = 0):
+    """Stacked bars of rank ``rank``'s params / grads / optimizer bytes per stage, one panel per
+    (world size, dtype), with the paper's formula as a black tick."""
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["world_size"], r["dtype"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4), sharey=True, squeeze=False)
+    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    for ax, (n, dtype) in zip(axes[0], panels):
+        sel = [r for r in rows if r["world_size"] == n and r["dtype"] == dtype and r["rank"] == rank]
+        bottom = [0.0] * len(sel)
+        for cat, color in colors.items():
+            vals = [r[cat] / 2**20 for r in sel]
+            ax.bar([r["stage"] for r in sel], vals, bottom=bottom, color=color, label=cat)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.scatter([r["stage"] for r in sel], [r["formula_bytes"] / 2**20 for r in sel], marker="_", s=600,
+                   color="black", label="paper formula", zorder=3)
+        ax.set_title(f"{n} ranks, {dtype}")
+        ax.set_xlabel("ZeRO stage")
+        ax.set_xticks(range(4))
+    axes[0][0].set_ylabel(f"MiB on rank {rank}")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def show_deepspeed_source(relpath: str, pattern: str, after: int = 2, limit: int = 2) -> None:
+    """Print the lines of the installed DeepSpeed file ``relpath`` that contain ``pattern`` (plus
+    ``after`` lines each), with line numbers: the evidence for what the notebook says DeepSpeed does."""
+    import deepspeed
+
+    path = Path(deepspeed.__file__).parent / relpath
+    lines = path.read_text().splitlines()
+    hits = [i for i, line in enumerate(lines) if pattern in line][:limit]
+    if not hits:
+        raise LookupError(f"{pattern!r} not found in {path}: the installed DeepSpeed differs from 0.19.")
+    for i in hits:
+        print(f"deepspeed/{relpath}:{i + 1}")
+        for j in range(i, min(i + 1 + after, len(lines))):
+            print(f"  {j + 1:5d} | {lines[j]}")

@@ -1,0 +1,102 @@
+"""The process boundary of course_utils: the rank side (course_utils.rank, scripts/) never imports the
+notebook side, and ``import course_utils`` alone is cheap and changes nothing."""
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from course_utils import paths
+
+PACKAGE = paths.ROOT / "course_utils"
+RANK_MODULES = sorted(f"course_utils.rank.{p.stem}" for p in (PACKAGE / "rank").glob("*.py") if p.stem != "__init__")
+SHARED = {"paths", "rank", "rank_hook"}          # paths: standard library only, for both sides; rank_hook: the runner's
+NOTEBOOK_SIDE = sorted(f"course_utils.{p.stem}" for p in PACKAGE.iterdir()
+                       if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.stem not in SHARED | {"__init__"})
+NOTEBOOK_LIBRARIES = ["pandas", "matplotlib", "ipywidgets"]
+
+
+def _forbidden(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in NOTEBOOK_SIDE + NOTEBOOK_LIBRARIES)
+
+
+def _python(code: str, env: dict | None = None) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=paths.ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_sides_are_what_this_test_thinks():
+    assert "course_utils.launch" in NOTEBOOK_SIDE and "course_utils.views" in NOTEBOOK_SIDE
+    assert {"course_utils.checks", "course_utils.configs", "course_utils.notebook", "course_utils.planning"} <= set(NOTEBOOK_SIDE)
+    assert "course_utils.rank.record" in RANK_MODULES and "course_utils.rank.zero_rules" in RANK_MODULES
+
+
+def test_rank_modules_import_no_notebook_side_module():
+    """Import every rank-side module in a fresh interpreter, then look at everything that got imported."""
+    loaded = json.loads(_python("import importlib, json, sys\n"
+                                f"for m in {RANK_MODULES!r}: importlib.import_module(m)\n"
+                                "print(json.dumps(sorted(sys.modules)))"))
+    assert set(RANK_MODULES) <= set(loaded)
+    assert [m for m in loaded if _forbidden(m)] == []
+
+
+def _imports(path) -> list[tuple[int, str]]:
+    """Every module an import statement in ``path`` names, at any depth (function-level imports too),
+    with relative imports resolved inside course_utils."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(paths.ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "rank").glob("*.py")) + sorted(paths.SCRIPTS.glob("*.py")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_rank_side_source_never_imports_the_notebook_side(path):
+    """The source of every rank module and script, including imports inside functions (which the
+    import test above cannot see until they run)."""
+    bad = [f"line {line}: {name}" for line, name in _imports(path) if _forbidden(name)]
+    assert bad == [], f"{path.name} imports the notebook side: {bad}"
+
+
+def test_import_course_utils_is_cheap_and_side_effect_free():
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    result = json.loads(_python("import json, os, sys\nbefore = dict(os.environ)\nimport course_utils\n"
+                                "print(json.dumps({'modules': sorted(sys.modules), 'env_changed': dict(os.environ) != before}))",
+                                env=env))
+    assert not result["env_changed"], "import course_utils must not set environment variables"
+    heavy = [m for m in result["modules"] if m.split(".")[0] in ("torch", "deepspeed", "pandas", "transformers")]
+    assert heavy == []
+    assert [m for m in result["modules"] if m.startswith("course_utils.")] == []
+
+
+def test_notebook_attributes_are_imported_on_first_use():
+    out = _python("import sys, course_utils as cu\n"
+                  "assert 'course_utils.checks' not in sys.modules\n"
+                  "names = [cu.checks.check, cu.configs.validate, cu.paths.ROOT, cu.hardware.detect, cu.start, cu.Notebook,\n"
+                  "         cu.launch.deepspeed]\n"
+                  "print('ok', 'course_utils.checks' in sys.modules)")
+    assert out.split() == ["ok", "True"]
+    with pytest.raises(AttributeError):
+        import course_utils
+        course_utils.no_such_helper  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["course_utils.rank", "course_utils.ops"])
+def test_the_torch_extensions_default_reaches_ranks_and_the_op_build(module):
+    """Ranks started from a terminal and the op build both look for DeepSpeed's ops in <venv>/torch_extensions."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    out = _python(f"import os, {module}\nprint(os.environ['TORCH_EXTENSIONS_DIR'])", env=env)
+    assert out.strip() == str(paths.torch_extensions_dir())

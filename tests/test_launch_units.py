@@ -1,0 +1,187 @@
+"""The runner's parts on their own, without starting a launch: options, command lines, the ranks'
+environment, the learner filter of the streamed log, failure analysis and the single-tool runner."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_utils import hardware
+from course_utils.configs import ConfigError
+from course_utils.launch import CommandError, LaunchOptions, command, commands, environment, failures
+from course_utils.launch.result import LaunchResult
+from course_utils.launch.streams import LearnerFilter
+
+CLI = "/venv/bin/deepspeed"
+SCRIPT = Path(__file__).parent / "scripts" / "record_world.py"
+
+
+# --- options and command lines ---
+
+def test_options_are_frozen_and_know_the_world_size():
+    options = LaunchOptions(procs=2, nodes=3)
+    assert options.world_size == 6
+    assert options.precheck and options.check and not options.verbose
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.procs = 4
+    with pytest.raises(ValueError, match="procs"):
+        LaunchOptions(procs=0)
+
+
+def test_one_node_command(tmp_path):
+    [cmd] = commands.node_commands(CLI, SCRIPT, ["--steps", "3"], LaunchOptions(procs=2), 29512, tmp_path)
+    assert cmd[0] == CLI
+    assert cmd[cmd.index("--num_gpus") + 1] == "2"
+    assert cmd[cmd.index("--master_port") + 1] == "29512"
+    assert cmd[cmd.index("--enable_each_rank_log") + 1].endswith("ranks")
+    assert cmd[-3:] == [commands.paths.relative(SCRIPT), "--steps", "3"]
+    shown = commands.shown_command([cmd])
+    assert shown.startswith(f"cd {commands.paths.ROOT} && deepspeed --num_gpus 2 ")
+    assert CLI not in shown
+
+
+def test_simulated_nodes_get_a_hostfile_and_no_ssh(tmp_path):
+    cmds = commands.node_commands(CLI, SCRIPT, [], LaunchOptions(procs=2, nodes=2), 29512, tmp_path)
+    assert len(cmds) == 2
+    for n, cmd in enumerate(cmds):
+        assert "--no_ssh" in cmd and "--num_gpus" not in cmd
+        assert cmd[cmd.index("--node_rank") + 1] == str(n)
+        assert cmd[cmd.index("--master_port") + 1] == "29512"
+    assert (tmp_path / "hostfile").read_text() == "node0 slots=2\nnode1 slots=2\n"
+    assert commands.shown_command(cmds).count("\n") == 1
+
+
+def test_config_is_checked_unless_precheck_is_off(tmp_path):
+    bad = {"train_batch_size": 3, "train_micro_batch_size_per_gpu": 1}     # 3 is not 1 × 2 ranks
+    with pytest.raises(ConfigError):
+        commands.config_args(LaunchOptions(procs=2, config=bad), tmp_path)
+    flag, path = commands.config_args(LaunchOptions(procs=2, config=bad, precheck=False), tmp_path)
+    assert flag == "--deepspeed_config"
+    assert json.loads(Path(path).read_text()) == bad                      # passed on unchanged
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"train_batch_size": 2,}')
+    options = LaunchOptions(procs=2, config=broken, precheck=False, config_arg="--deepspeed")
+    assert commands.config_args(options, tmp_path) == ["--deepspeed", str(broken)]
+    assert commands.config_args(LaunchOptions(procs=2), tmp_path) == []
+
+
+def test_shipped_config_is_found_by_name_either_way(tmp_path):
+    for precheck in (True, False):
+        _, path = commands.config_args(LaunchOptions(procs=2, config="zero0.json", precheck=precheck), tmp_path)
+        assert path == "configs/zero0.json"
+
+
+# --- the ranks' environment ---
+
+def test_rank_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.Hardware(accelerator="cpu", gpus=0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    env = environment.rank_environment(tmp_path, world_size=4, extra={"MY_FLAG": 1})
+    assert env["COURSE_RUN_DIR"] == str(tmp_path)
+    hook = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(hook) / "sitecustomize.py").is_file()
+    assert env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu"
+    assert env["MY_FLAG"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.Hardware(accelerator="cuda", gpus=2))
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    assert "OMP_NUM_THREADS" not in environment.rank_environment(tmp_path, world_size=2)
+
+
+# --- what the learner sees of the stream ---
+
+HIDDEN = [
+    "[launcher] [2025-01-02 10:11:12,345] [INFO] [real_accelerator.py:260:get_accelerator] Setting ds_accelerator to cpu",
+    "[rank 1] [2025-01-02 10:11:12,345] [DEBUG] [comm.py:12:init] cdb=None",
+    "[launcher] [2025-01-02 10:11:12,345] [WARNING] [runner.py:214:fetch_hostfile] Unable to find hostfile, "
+    "will proceed with training with local resources only.",
+    "[rank 0] /x/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:4807: FutureWarning: "
+    "`torch.distributed._all_gather_base` is a private function and will be deprecated. Please use "
+    "`torch.distributed.all_gather_into_tensor` instead.",
+    "[rank 1] /x/.venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: "
+    "`torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp` instead",
+    "[rank 0] `loss_type=None` was set in the config but it is unrecognized. Using the default loss: `ForCausalLMLoss`.",
+]
+SHOWN = [
+    "[rank 0] step 3 loss 2.4512",
+    "[rank 0] Traceback (most recent call last):",
+    '[rank 0]   File "/x/scripts/02_first_loop.py", line 12, in <module>',
+    "[rank 1] ValueError: deliberate failure on rank 1",
+    "[launcher] [2025-01-02 10:11:12,345] [WARNING] [engine.py:1:x] something the learner should read",
+    "[rank 0] /x/scripts/mine.py:3: FutureWarning: my own code uses a deprecated argument",
+]
+
+
+@pytest.mark.parametrize("line", HIDDEN)
+def test_filter_hides_chatter(line):
+    f = LearnerFilter()
+    assert not f.shows(line)
+    assert f.hidden == 1
+
+
+@pytest.mark.parametrize("line", SHOWN)
+def test_filter_shows_what_teaches(line):
+    f = LearnerFilter()
+    assert f.shows(line)
+    assert f.hidden == 0
+
+
+def test_filter_hides_the_source_line_echoed_after_a_hidden_warning():
+    f = LearnerFilter()
+    assert not f.shows(HIDDEN[4])
+    assert f.shows("[rank 0]   indented line of another rank")       # a different source: kept
+    assert not f.shows("[rank 1]   return func(*args, **kwargs)")     # the echo of rank 1's warning
+    assert f.shows("[rank 1]   return func(*args, **kwargs)")         # only the one line after it
+    assert f.hidden == 2
+
+
+# --- failure analysis ---
+
+def fabricated_result(run_dir: Path, returncode: int = 1) -> LaunchResult:
+    rank_logs = {0: "step 1\nRuntimeError: Connection closed by peer", 1: "step 1\nValueError: bad"}
+    return LaunchResult(returncode=returncode, log="[rank 0] step 1\n[rank 1] step 1", records=[], run_dir=run_dir,
+                        command="deepspeed ...", seconds=3.0, world_size=2, rank_logs=rank_logs)
+
+
+def test_first_failing_rank_is_the_earliest_record(tmp_path):
+    (tmp_path / "failures").mkdir()
+    for rank, when, error in [(0, 200.5, "RuntimeError: Connection closed by peer"), (1, 200.1, "ValueError: bad")]:
+        (tmp_path / "failures" / f"rank{rank}.json").write_text(json.dumps(
+            {"rank": str(rank), "time": when, "error": error, "traceback": f"Traceback (most recent call last):\n{error}\n"}))
+    assert failures.first_failure(tmp_path, {}) == (1, "Traceback (most recent call last):\nValueError: bad\n")
+    message = failures.failure_message(fabricated_result(tmp_path), timed_out=False, timeout=60, note="(3 lines hidden)")
+    assert message.startswith("Rank 1 failed (launch exit code 1):")
+    assert "ValueError: bad" in message and "Connection closed" not in message
+    assert message.endswith("launch.log and ranks/. (3 lines hidden)")
+
+
+def test_failure_without_records_falls_back_to_the_logs(tmp_path):
+    logs = {0: "ok", 1: "x\nTraceback (most recent call last):\n  File ...\nKeyError: 'a'"}
+    assert failures.first_failure(tmp_path, logs) == (1, "Traceback (most recent call last):\n  File ...\nKeyError: 'a'")
+    message = failures.failure_message(fabricated_result(tmp_path, 3), timed_out=False, timeout=60)
+    assert message.startswith("Launch failed (exit code 3) without a Python traceback")
+
+
+def test_timeout_message_shows_every_rank(tmp_path):
+    message = failures.failure_message(fabricated_result(tmp_path, 124), timed_out=True, timeout=12)
+    assert message.startswith("Launch timed out after 12 s")
+    assert "--- rank 0 (last lines) ---" in message and "--- rank 1 (last lines) ---" in message
+
+
+def test_hidden_note(tmp_path):
+    assert failures.hidden_note(0, tmp_path) == ""
+    assert failures.hidden_note(37, tmp_path) == (
+        f"(37 lines of launcher/library chatter hidden: {tmp_path}/launch.log, or verbose=True)")
+
+
+# --- single tools ---
+
+def test_command_returns_output_and_raises_on_a_failure():
+    assert command([sys.executable, "-c", "print('hi')"]).strip() == "hi"
+    with pytest.raises(CommandError, match="exited with 3") as err:
+        command([sys.executable, "-c", "print('oops'); raise SystemExit(3)"])
+    assert isinstance(err.value, RuntimeError) and "oops" in str(err.value)
