@@ -1,5 +1,7 @@
 """ZeRO stages 0-3 on the same GPT-2, in one launch: per-rank bytes of parameters, gradients and
-optimizer states, measured by walking what each engine holds after backward (before the step).
+optimizer states, measured by walking what each engine holds after backward (before the step); the
+messages each collective sent during that step (DeepSpeed's comms logger); which slice of the model
+each rank owns; and, with --grad_peaks, the gradient bytes at their peak *during* backward.
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/03_zero_memory.py --stages 0 1 2 3 --dtypes fp32 bf16
 """
@@ -10,6 +12,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+from course_utils.rank import comms
 from course_utils.rank.engine import accelerator_bytes, ds_config, forward_backward, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import count_parameters, tiny_gpt2
@@ -30,6 +33,42 @@ class ZeroMemory(Record, name="zero_memory"):
     optimizer_class: str
     persistent_numel: int         # stage 3: elements of the parameters kept whole on every rank
     grad_partition_numel: int     # stage 1/2: elements of the whole parameters touching this rank's partition
+
+
+@dataclass
+class Comms(Record, name="comms"):
+    """Rank 0's collectives during one training step (forward, backward, step), from the comms logger."""
+    label: str                    # "stage 2", or a variant such as "stage 3, released after use"
+    stage: int
+    world_size: int
+    dtype: str
+    num_params: int
+    owned_numel: int              # elements this rank updates: Ψ (stage 0), its flat partition (1-2), its shards (3)
+    messages: dict                # op → {message bytes: count}
+
+
+@dataclass
+class Ownership(Record, name="ownership"):
+    """Which elements of the model this rank owns at a stage, as [parameter, start, end) slices."""
+    stage: int
+    rank: int
+    world_size: int
+    params: list                  # [name, numel] in the order DeepSpeed flattens them
+    slices: list                  # [name, start, end): the part of that parameter this rank owns
+
+
+@dataclass
+class GradPeak(Record, name="grad_peak"):
+    """Gradient bytes during backward for one stage and gradient_accumulation_steps (rank 0)."""
+    stage: int
+    world_size: int
+    gas: int
+    num_params: int
+    peak_grad_bytes: int          # the most gradient bytes held at any point of any backward
+    peak_bucket_bytes: int        # gradient buckets (reduce_bucket_size) held at the same time, at most
+    between_micro_steps: int      # gradient bytes held after a backward that does not end the cycle (gas > 1)
+    partition_numel: int          # elements of the whole parameters touching this rank's partition
+    bucket_numel: int             # reduce_bucket_size of the run
 
 
 @dataclass
@@ -66,12 +105,14 @@ def measure(stage: int, dtype: str) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = tiny_gpt2("zero_lab")
     psi = count_parameters(model)
-    config = ds_config(stage, dtype)
+    config = comms.with_comms_logger(ds_config(stage, dtype))
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     forward_backward(engine, 0)
     engine.step()
-    forward_backward(engine, 1)                      # model states now at their peak: grads are held
-    inventory = tensor_inventory(engine)
+    with comms.logged() as window:                   # every collective of one whole training step
+        forward_backward(engine, 1)                  # model states as the step finds them: grads are held
+        inventory = tensor_inventory(engine)
+        engine.step()
     measured = model_state_bytes(inventory)
     grad_partition = sum(p.numel() for group in getattr(engine.optimizer, "params_in_partition", [])
                          for p in group)                         # stage 1/2: whole params touching my partition
@@ -82,9 +123,118 @@ def measure(stage: int, dtype: str) -> None:
                       grad_partition_numel=grad_partition))
     if rank == 0:
         record(Inventory(stage=stage, dtype=dtype, tensors=[vars(e) for e in inventory if e.nbytes >= 1 << 16]))
+    if rank == 0:
+        record(Comms(label=f"stage {stage}", stage=stage, world_size=world_size, dtype=dtype, num_params=psi,
+                     owned_numel=owned_numel(engine, stage, psi), messages=window.messages))
+    if dtype == "fp32":
+        record(ownership(engine, stage))
     rank0_print(f"stage {stage} {dtype}: {type(engine.optimizer).__name__:32s} "
                 + "  ".join(f"{k}={v / 2**20:7.1f} MiB" for k, v in measured.items()))
+    release(engine)
+
+
+def owned_numel(engine, stage: int, psi: int) -> int:
+    """Elements this rank updates in the optimizer step: all (stage 0), its flat partition (1-2), its shards (3)."""
+    if stage == 0:
+        return psi
+    if stage == 3:
+        return sum(p.ds_tensor.numel() for p in engine.module.parameters())
+    return sum(engine.optimizer.partition_size)
+
+
+def ownership(engine, stage: int) -> Ownership:
+    """This rank's slices of the model: stage 1-2 own one contiguous range of the flattened parameters
+    (``partition_size`` elements from ``rank × partition_size``), stage 3 a slice of every parameter
+    (its ``ds_tensor``), except the persistent ones it holds whole; stage 0 owns everything."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    if stage in (1, 2):
+        ordered = [p for group in engine.optimizer.bit16_groups for p in group]
+    else:
+        ordered = list(engine.module.parameters())
+    numel = (lambda p: p.ds_numel) if stage == 3 else (lambda p: p.numel())
+    params = [[names[id(p)], numel(p)] for p in ordered]
+    slices = []
+    if stage in (0, 3):
+        for p in ordered:
+            if stage == 0 or p.ds_persist:
+                slices.append([names[id(p)], 0, numel(p)])
+            else:
+                shard = p.ds_tensor.numel()
+                start = min(rank * shard, p.ds_numel)
+                slices.append([names[id(p)], start, min(start + shard, p.ds_numel)])
+    else:
+        size = engine.optimizer.partition_size[0]
+        lo, hi, offset = rank * size, (rank + 1) * size, 0
+        for p in ordered:
+            start, end = max(lo, offset), min(hi, offset + p.numel())
+            if start < end:
+                slices.append([names[id(p)], start - offset, end - offset])
+            offset += p.numel()
+    return Ownership(stage=stage, rank=rank, world_size=world_size, params=params, slices=slices)
+
+
+# Stage 3 knobs that release every gathered parameter right after its use (notebook 04's "tight" setting).
+RELEASE_AFTER_USE = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0,
+                     "stage3_max_live_parameters": 1e5}
+
+
+def regather_comms(dtype: str) -> None:
+    """Stage 3 once more with :data:`RELEASE_AFTER_USE`: parameters are released after their forward use
+    and gathered again in backward. (With the course config's large reuse distance and prefetch bucket,
+    forward gathers every parameter at once and backward finds them still there.)"""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = tiny_gpt2("zero_lab")
+    psi = count_parameters(model)
+    config = comms.with_comms_logger(ds_config(3, dtype, **RELEASE_AFTER_USE))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    forward_backward(engine, 0)
     engine.step()
+    with comms.logged() as window:
+        forward_backward(engine, 1)
+        engine.step()
+    if rank == 0:
+        record(Comms(label="stage 3, released after use", stage=3, world_size=world_size, dtype=dtype, num_params=psi,
+                     owned_numel=owned_numel(engine, 3, psi), messages=window.messages))
+    release(engine)
+
+
+def gradient_bytes(engine) -> tuple[int, int]:
+    """(gradient bytes, gradient-bucket bytes) the engine holds now, by walking its tensors."""
+    inventory = tensor_inventory(engine)
+    return (sum(e.nbytes for e in inventory if e.category == "grads"),
+            sum(e.nbytes for e in inventory if e.category == "buffers" and "bucket" in e.path))
+
+
+def grad_peak(stage: int, gas: int, bucket: float = 1e6) -> None:
+    """Sample the gradient bytes after every transformer block's backward, just before the engine reduces,
+    and after each backward, over two accumulation cycles; record the peak (rank 0)."""
+    model = tiny_gpt2("zero_lab")
+    psi = count_parameters(model)
+    config = ds_config(stage, "fp32", reduce_bucket_size=bucket)
+    config["gradient_accumulation_steps"] = gas
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    samples, between = [], 0
+    for block in engine.module.transformer.h:
+        block.register_full_backward_hook(lambda *_: samples.append(gradient_bytes(engine)))
+    reduce = engine.allreduce_gradients
+
+    def sampled_reduce(*args, **kwargs):              # the moment every gradient exists, none reduced yet
+        samples.append(gradient_bytes(engine))
+        return reduce(*args, **kwargs)
+
+    engine.allreduce_gradients = sampled_reduce
+    for micro in range(2 * gas):
+        forward_backward(engine, micro)
+        samples.append(gradient_bytes(engine))
+        if not engine.is_gradient_accumulation_boundary():
+            between = max(between, samples[-1][0])
+        engine.step()
+    partition = sum(p.numel() for group in getattr(engine.optimizer, "params_in_partition", []) for p in group)
+    if dist.get_rank() == 0:
+        record(GradPeak(stage=stage, world_size=dist.get_world_size(), gas=gas, num_params=psi,
+                        peak_grad_bytes=max(s[0] for s in samples), peak_bucket_bytes=max(s[1] for s in samples),
+                        between_micro_steps=between, partition_numel=partition, bucket_numel=int(bucket)))
     release(engine)
 
 
@@ -117,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--show_partitions", action="store_true", help="also show stage 3's ds_tensor, "
                         "GatheredParameters and zero.Init")
+    parser.add_argument("--regather", action="store_true", help="also stage 3 with parameters released after use")
+    parser.add_argument("--grad_peaks", action="store_true", help="also the gradient bytes during backward, "
+                        "stages 1-2, gradient_accumulation_steps 1 and 2")
     return parser
 
 
@@ -126,6 +279,12 @@ def main(argv=None) -> None:
     for dtype in args.dtypes:
         for stage in args.stages:
             measure(stage, dtype)
+    if args.regather:
+        regather_comms(args.dtypes[0])
+    if args.grad_peaks:
+        for stage in (1, 2):
+            for gas in (1, 2):
+                grad_peak(stage, gas)
     if args.show_partitions:
         show_partitions()
     finish()

@@ -1,28 +1,114 @@
-"""Notebook 06 executed with papermill; the dtypes, overflows and loss-scale curve it measured asserted."""
-import math
-
+"""Notebook 06 executed with papermill; the dtypes, the bytes on the wire, the overflows, the loss-scale curve
+and the engine's learning rate it measured, asserted against what DeepSpeed's code does."""
 import pytest
 
 from conftest import run_notebook
-from course_utils import hardware
+from course_utils import configs, hardware
 
 NAME = "06_mixed_precision"
 pytestmark = pytest.mark.notebook
 
+# Bytes per gradient element in the all-reduce: the communication dtype DeepSpeed uses for each precision
+# (the training dtype by default; communication_data_type overrides it; torch_autocast: the autocast dtype).
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "bf16+fp32 comm": 4, "torch_autocast bf16": 2, "fp16": 2}
+
+
+def replay(overflows, init_scale, window, hysteresis, min_scale, consecutive=False):
+    """The loss scale before each step, by the rules of DynamicLossScaler.update_scale, written out here."""
+    scale, left, last_overflow, out = init_scale, hysteresis, -1, []
+    for i, overflow in enumerate(overflows):
+        out.append(scale)
+        if overflow:
+            if left == 1:
+                scale = max(scale / 2, min_scale)
+            else:
+                left -= 1
+            last_overflow = i
+        else:
+            if consecutive:
+                left = hysteresis
+            clean_before = i - last_overflow - 1
+            if clean_before > 0 and clean_before % window == 0:
+                scale, left = scale * 2, hysteresis
+    return out
+
+
+def warmup_lr(iteration, warmup_min_lr, warmup_max_lr, warmup_num_steps, **_):
+    """Linear WarmupLR at a scheduler iteration (-1 = not stepped yet: the minimum)."""
+    if iteration < 0:
+        return warmup_min_lr
+    return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * min(1.0, iteration / warmup_num_steps)
+
 
 def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
-    assert m["param_dtypes"] == {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-    assert m["master_dtypes"] == {"fp32": "float32", "bf16": "float32"}, "master weights are fp32 in every precision"
-    assert m["communication_dtypes"]["bf16"] == "bfloat16" and m["communication_dtypes"]["bf16+fp32 comm"] == "float32"
-    if not hardware.detect().fp16:
+    config = configs.load("06_loss_scaling.json")[0]
+    fp16 = config["fp16"]
+
+    # what the engines held
+    modules = m["param_dtypes"]
+    assert (modules["fp32"], modules["bf16"], modules["bf16+fp32 comm"]) == ("float32", "bfloat16", "bfloat16")
+    assert set(m["master_dtypes"].values()) == {"float32"}, "master weights are fp32 in every precision"
+    assert modules["torch_autocast bf16"] == "float32" and m["forward_dtypes"]["torch_autocast bf16"] == "bfloat16"
+    assert m["forward_dtypes"]["fp32"] == "float32"
+    if hardware.detect().fp16:
+        assert modules["fp16"] == "float16"
+    else:
+        assert "fp16" not in modules
         assert m["fp16_engine_error"] == "ValueError: Type fp16 is not supported on your device."
-    trace = m["loss_scale_trace"]
-    assert trace[0] == 2.0 ** 24, "the config starts dynamic scaling at 2^initial_scale_power"
-    assert 3 <= m["fp16_skipped_steps"] < len(trace) - 5, "the too-high initial scale must overflow, then recover"
-    assert all(math.log2(s).is_integer() for s in trace), "dynamic scaling only halves and doubles"
-    assert min(trace) >= 1.0
-    assert m["lr_trace"][0] == 0.0 and m["lr_trace"][-1] > 0, "the LR waits during skipped steps, then warms up"
+
+    # the bytes on the wire: ZeRO-1 all-reduces each of the Ψ gradient elements once per step, in the
+    # communication dtype; the updated partition (Ψ / world size elements) is all-gathered in the module dtype
+    psi, world = m["psi"], m["world_size"]
+    assert set(m["grad_allreduce_bytes"]) >= {"fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16"}
+    for name, nbytes in m["grad_allreduce_bytes"].items():
+        assert nbytes == psi * ELEMENT_BYTES[name], (name, nbytes, psi)
+    if world > 1:
+        module_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}
+        for name, nbytes in m["allgather_bytes"].items():     # a shard of Ψ / world elements, plus alignment padding
+            size = module_bytes[modules[name]]
+            assert psi * size <= nbytes * world < (psi + 8 * world) * size, (name, nbytes)
+
+    # dynamic loss scaling: the measured scale follows the rules the notebook states
+    trace, overflow = m["loss_scale_trace"], m["loss_scale_overflow"]
+    assert trace == replay(overflow, 2.0 ** fp16["initial_scale_power"], fp16["loss_scale_window"],
+                           fp16["hysteresis"], fp16["min_loss_scale"])
+    assert 3 <= m["fp16_skipped_steps"] < len(trace) - 5, "the too-high initial scale overflows, then recovers"
+    assert overflow[:2] == [True, True] and trace[1] == trace[0] > trace[2], "the first overflow only spends hysteresis"
+    assert m["doublings"], "the run is long enough for the scale to double"
+    assert all((clean - 1) % fp16["loss_scale_window"] == 0 and clean > 1 for _, clean in m["doublings"])
     skipped = m["skipped_by_run"]
     assert skipped["static 16777216"] == len(trace) and skipped["static 1024"] == 0
+
+    # consecutive_hysteresis, on one overflow pattern
+    demo = m["hysteresis_demo"]
+    for consecutive in (False, True):
+        assert demo[str(consecutive).lower()] == replay(demo["overflow"], 2.0 ** fp16["initial_scale_power"],
+                                                        fp16["loss_scale_window"], demo["hysteresis"],
+                                                        fp16["min_loss_scale"], consecutive)
+    assert demo["true"][-1] > demo["false"][-1], "refilling on clean steps halves less often"
+
+    # the engine's scheduler on skipped steps
+    run = m["lr_run"]
+    params = config["scheduler"]["params"]
+    steps = len(run["lr"])
+    skipped_at = [i for i in range(steps) if run["skipped_steps"][i] > (run["skipped_steps"][i - 1] if i else 0)]
+    assert skipped_at == [i for i in run["inf_steps"] if i < steps] == [i for i in range(steps) if run["overflow"][i]]
+    assert run["skipped_by_rank"] == [skipped_at] * m["world_size"], "one rank's inf skips the step on every rank"
+    lr_before, iteration_before, applied = run["lr_start"], -1, 0
+    assert lr_before == warmup_lr(-1, **params)
+    for i in range(steps):
+        if i in skipped_at:
+            assert run["lr"][i] == lr_before and run["scheduler_iteration"][i] == iteration_before, i
+        else:
+            applied += 1
+            assert run["scheduler_iteration"][i] == iteration_before + 1 == applied - 1, i
+            assert run["lr"][i] == pytest.approx(warmup_lr(applied - 1, **params)), i
+            if applied > 1:
+                assert run["lr"][i] > lr_before, f"step {i} was applied but the lr did not move"
+        lr_before, iteration_before = run["lr"][i], run["scheduler_iteration"][i]
+    assert applied >= 3 and len(skipped_at) >= 2
+
+    assert m["amp_config_error"].startswith("DeepSpeedConfigError: NVIDIA Apex AMP integration has been removed")
+    assert "torch_autocast" in m["amp_config_error"]
     assert m["nan_pitfall"] == {"float32": True, "bfloat16": True, "float16": False}

@@ -1,8 +1,8 @@
 """Notebook 06's demonstrations, tables and figure: what this machine supports, the fp16 overflow
-pitfall, and the loss-scale traces the ranks recorded."""
+pitfall, the bytes each precision's gradient all-reduce moved, the loss-scale traces the ranks recorded,
+and the engine's learning rate on skipped steps."""
 from __future__ import annotations
 
-import importlib.util
 import math
 from typing import Any
 
@@ -50,7 +50,7 @@ def overflow_table(scale: float = 1000.0, seed: int = 0) -> list[dict[str, Any]]
 
 
 def precision_support() -> dict[str, Any]:
-    """What this machine supports, detected: fp16/bf16 in DeepSpeed's accelerator, TF32, apex (for "amp")."""
+    """What this machine supports, detected: fp16/bf16 in DeepSpeed's accelerator, native fp16 on the CPU, TF32."""
     from deepspeed.accelerator import get_accelerator
 
     acc = get_accelerator()
@@ -62,8 +62,31 @@ def precision_support() -> dict[str, Any]:
         "fp16 (DeepSpeed accelerator)": bool(acc.is_fp16_supported()),
         "cpu native fp16 (mkldnn)": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
         "tf32 (Ampere+ GPU)": bool(capability and capability[0] >= 8),
-        "apex installed (\"amp\" section)": importlib.util.find_spec("apex") is not None,
     }
+
+
+def communication_table(rows: list[Any]) -> list[dict[str, Any]]:
+    """Per precision (``EngineDtypes`` of scripts/06_mixed_precision.py), what DeepSpeed's comms logger saw in
+    one training step: the gradient all_reduce bytes over Ψ (the bytes one gradient element took on the wire),
+    the small all_reduce messages beside it, and the all_gather of this rank's updated partition."""
+    min_bytes = scripts.load("06_mixed_precision").GRAD_MESSAGE_MIN_BYTES
+    table = []
+    for r in rows:
+        small = {size: n for size, n in r.messages.get("all_reduce", {}).items() if int(size) < min_bytes}
+        gathers = r.messages.get("all_gather_into_tensor", {})
+        table.append({"precision": r.precision, "module": r.module, "Ψ": r.psi,
+                      "gradient all_reduce bytes": r.grad_allreduce_bytes,
+                      "bytes per element": r.grad_allreduce_bytes / r.psi,
+                      f"all_reduce < {min_bytes} B (bytes: count)": small,
+                      "all_gather bytes (this rank's shard)": sum(int(size) * n for size, n in gathers.items())})
+    return table
+
+
+def lr_table(run: Any) -> list[dict[str, Any]]:
+    """The engine's scheduler run (``EngineLr`` of scripts/06_mixed_precision.py), one row per step."""
+    return [{"step": i, f"rank {run.inf_rank}'s loss × inf": i in run.inf_steps, "engine.optimizer.overflow": o,
+             "engine.skipped_steps": k, "scheduler iteration": it, "engine.get_lr()": lr}
+            for i, (o, k, it, lr) in enumerate(zip(run.overflow, run.skipped_steps, run.scheduler_iteration, run.lr))]
 
 
 def skipped_steps(overflows: list[bool]) -> list[int]:
@@ -71,21 +94,44 @@ def skipped_steps(overflows: list[bool]) -> list[int]:
     return [i for i, o in enumerate(overflows) if o]
 
 
+def doublings(trace: Any) -> list[tuple[int, int]]:
+    """(step, clean steps in a row before it) for each step of a ``Trace`` whose loss scale is larger than the
+    step before's: the scaler doubled the scale after that earlier step."""
+    found, last_overflow = [], -1
+    for i in range(1, len(trace.scale)):
+        if trace.overflow[i - 1]:
+            last_overflow = i - 1
+        if trace.scale[i] > trace.scale[i - 1]:
+            found.append((i, i - 1 - last_overflow))
+    return found
+
+
 def plot_scale_traces(traces: dict[str, Any], title: str = "loss scale per step"):
-    """Loss scale (log2) and learning rate per step for each run (label → ``Trace`` of
-    scripts/06_mixed_precision.py); skipped steps marked with ×."""
+    """Loss scale (log2) per step for each run (label → ``Trace`` of scripts/06_mixed_precision.py);
+    skipped steps marked with ×."""
     import matplotlib.pyplot as plt
 
-    fig, (ax_s, ax_lr) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     for label, t in traces.items():
-        steps = range(len(t.scale))
-        line, = ax_s.step(steps, [math.log2(s) for s in t.scale], where="post", label=label)
+        line, = ax.step(range(len(t.scale)), [math.log2(s) for s in t.scale], where="post", label=label)
         skipped = skipped_steps(t.overflow)
-        ax_s.plot(skipped, [math.log2(t.scale[i]) for i in skipped], "x", color=line.get_color())
-        ax_lr.plot(steps, t.lr, label=label, color=line.get_color())
-    ax_s.set(xlabel="step", ylabel="log2(loss scale)", title=title + " (× = overflow, step skipped)")
-    ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate (the scheduler waits on skipped steps)")
-    ax_s.legend(fontsize=8)
-    ax_lr.legend(fontsize=8)
+        ax.plot(skipped, [math.log2(t.scale[i]) for i in skipped], "x", color=line.get_color())
+    ax.set(xlabel="step", ylabel="log2(loss scale)", title=title + " (× = overflow, step skipped)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_engine_lr(run: Any):
+    """The engine's learning rate after each step of the scheduler run (``EngineLr``); skipped steps marked ×."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(range(len(run.lr)), run.lr, "o-", ms=3, label="engine.get_lr() after the step")
+    skipped = skipped_steps(run.overflow)
+    ax.plot(skipped, [run.lr[i] for i in skipped], "x", color="red", ms=9, label="skipped step (overflow)")
+    ax.set(xlabel="step", ylabel="learning rate",
+           title=f"{run.precision} engine, WarmupLR: the LR waits on skipped steps")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

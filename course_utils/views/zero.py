@@ -19,12 +19,14 @@ ZERO_KEYS = {
     "overlap_comm": "reduce gradient buckets while backward still runs (needs extra bucket buffers)",
     "contiguous_gradients": "copy each reduced gradient into one pre-allocated partition buffer "
                             "(grads_in_partition): no fragmentation, one flat tensor for the step",
-    "reduce_scatter": "stage 2: reduce buckets with reduce-scatter (each rank gets its slice) "
-                      "instead of all-reduce",
+    "reduce_scatter": "stage 1/2: reduce the gradients bucket by bucket, each slice for its owner (true: "
+                      "all-reduce per bucket, or dist.reduce with use_multi_rank_bucket_allreduce false; "
+                      "false: one all-reduce of everything); stage 3: a real reduce-scatter",
     "reduce_bucket_size": "elements per gradient bucket: bigger = fewer, larger collectives, more memory",
-    "allgather_partitions": "stage 1/2: after the step, all-gather the updated parameter partitions "
-                            "(else a broadcast per partition)",
-    "allgather_bucket_size": "stage 1/2: elements per all-gather of updated parameters",
+    "allgather_partitions": "read by nothing in DeepSpeed 0.19.8 (stages 1/2 always all-gather the "
+                            "updated partitions)",
+    "allgather_bucket_size": "stage 1/2: elements per all-gather of updated parameters, only where torch "
+                             "lacks all_gather_into_tensor (otherwise one all-gather per group)",
     "sub_group_size": "stage 3: the optimizer steps over groups of this many elements at a time "
                       "(the unit swapped in and out with NVMe offload)",
     "stage3_prefetch_bucket_size": "stage 3: elements gathered ahead of use during forward/backward",
@@ -117,3 +119,97 @@ def show_deepspeed_source(relpath: str, pattern: str, after: int = 2, limit: int
         print(f"deepspeed/{relpath}:{i + 1}")
         for j in range(i, min(i + 1 + after, len(lines))):
             print(f"  {j + 1:5d} | {lines[j]}")
+
+
+# ---------------------------------------------------------------- communication per step
+
+# Bytes each rank sends per collective, as a multiple of the logged message (ring algorithms, N ranks):
+# an all_reduce sends 2(N-1)/N of its buffer, an all_gather_into_tensor (N-1) times its input shard,
+# a reduce_scatter_tensor (N-1)/N of its input.
+RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather_into_tensor": lambda n: n - 1,
+               "reduce_scatter_tensor": lambda n: (n - 1) / n}
+PAPER_VOLUME = {0: 2, 1: 2, 2: 2, 3: 3}     # the ZeRO paper's per-rank volume per step, in units of Ψ elements
+SCALAR_BYTES = 64                           # messages this small are flags and norms, not model data
+
+
+def comm_rows(records: list[dict]) -> list[dict]:
+    """One row per (world size, dtype, run, collective) of rank 0's comms-logger messages during one
+    training step: messages, bytes logged (≥ 64 B), and what a ring algorithm sends per rank, in Ψ."""
+    rows = []
+    for c in read_as(records, _script().Comms):
+        elem = 4 if c.dtype == "fp32" else 2
+        for op, sizes in sorted(c.messages.items()):
+            data = {int(b): n for b, n in sizes.items() if int(b) > SCALAR_BYTES}
+            logged = sum(b * n for b, n in data.items())
+            sent = logged * RING_FACTOR[op](c.world_size) if op in RING_FACTOR else 0.0
+            rows.append({"world_size": c.world_size, "dtype": c.dtype, "run": c.label, "stage": c.stage,
+                         "collective": op, "messages": sum(sizes.values()), "data messages": sum(data.values()),
+                         "logged_bytes": logged, "sent_per_rank_psi": sent / (c.num_params * elem),
+                         "num_params": c.num_params, "owned_numel": c.owned_numel})
+    return rows
+
+
+def comm_volume_table(rows: list[dict]):
+    """Per run: what each rank sends per step in units of Ψ (elements × element size), by collective,
+    next to the paper's 2Ψ / 2Ψ / 2Ψ / 3Ψ."""
+    import pandas as pd
+
+    table = (pd.DataFrame(rows).pivot_table(index=["world_size", "dtype", "run"], columns="collective",
+                                            values="sent_per_rank_psi", aggfunc="sum", fill_value=0.0))
+    table["sent per rank (Ψ)"] = table.sum(axis=1)
+    stages = {(r["world_size"], r["dtype"], r["run"]): r["stage"] for r in rows}
+    table["paper (Ψ, large N)"] = [PAPER_VOLUME[stages[k]] for k in table.index]
+    return table.round(3)
+
+
+def grad_peak_table(records: list[dict]):
+    """The gradient bytes of stages 1 and 2 during backward (``--grad_peaks``), in multiples of Ψ × 4 bytes."""
+    import pandas as pd
+
+    rows = [{"world_size": g.world_size, "stage": g.stage, "gradient_accumulation_steps": g.gas,
+             "peak during backward (Ψ)": g.peak_grad_bytes / (4 * g.num_params),
+             "held between micro-steps (Ψ)": g.between_micro_steps / (4 * g.num_params) if g.gas > 1 else None,
+             "buckets at most (MB)": g.peak_bucket_bytes / 1e6}
+            for g in read_as(records, _script().GradPeak)]
+    return pd.DataFrame(rows).set_index(["world_size", "stage", "gradient_accumulation_steps"]).round(3)
+
+
+def plot_ownership(records: list[dict], stages=(0, 1, 2, 3), first: int | None = None):
+    """Which elements of the model each rank owns at each stage, from the ranks' own ``ownership``
+    records: one row per (stage, rank), the flattened model along x in DeepSpeed's order, a rank's
+    slices in its colour, parameter edges as thin lines. ``first`` zooms onto the first parameters."""
+    import matplotlib.pyplot as plt
+
+    owned = read_as(records, _script().Ownership, rank=None)
+    world = max(o.world_size for o in owned)
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(len(stages), 1, figsize=(12, 0.55 * world * len(stages) + 0.8), squeeze=False)
+    for ax, stage in zip(axes[:, 0], stages):
+        mine = sorted((o for o in owned if o.stage == stage), key=lambda o: o.rank)
+        params = mine[0].params[:first] if first else mine[0].params
+        start_of, offset = {}, 0
+        for name, numel in params:
+            start_of[name] = offset
+            offset += numel
+        for o in mine:
+            bars = [(start_of[n] + a, b - a) for n, a, b in o.slices if n in start_of]
+            ax.broken_barh(bars, (o.rank - 0.4, 0.8), color=colors(o.rank))
+        for x in start_of.values():
+            ax.axvline(x, color="grey", lw=0.3)
+        ax.set_xlim(0, offset)
+        ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
+        ax.set_ylabel(f"stage {stage}", rotation=0, ha="right", va="center")
+        ax.invert_yaxis()
+    axes[-1, 0].set_xlabel("element of the flattened model (parameter edges in grey)")
+    fig.tight_layout()
+    return fig
+
+
+def find_in_deepspeed(pattern: str) -> list[str]:
+    """Every line of the installed DeepSpeed that contains ``pattern``, as ``file:line: text``."""
+    import deepspeed
+
+    root = Path(deepspeed.__file__).parent
+    return [f"deepspeed/{f.relative_to(root)}:{i + 1}: {line.strip()}"
+            for f in sorted(root.rglob("*.py")) for i, line in enumerate(f.read_text().splitlines())
+            if pattern in line]
