@@ -33,23 +33,28 @@ def check(condition: bool, hint: str) -> None:
 
 
 def check_close(actual: Any, expected: Any, hint: str, rel: float = 1e-6, abs_: float = 1e-9) -> None:
-    """Numbers (or equal-length sequences of numbers) agree within a tolerance."""
+    """Numbers (or equal-length sequences of numbers) agree within a tolerance. A failure names what
+    differs (the length, or the positions) but never the expected values."""
     a = list(actual) if isinstance(actual, (list, tuple)) else [actual]
     e = list(expected) if isinstance(expected, (list, tuple)) else [expected]
-    ok = len(a) == len(e) and all(
-        isinstance(x, (int, float)) and math.isclose(x, y, rel_tol=rel, abs_tol=abs_) for x, y in zip(a, e))
-    check(ok, f"{hint} (got {actual!r}, expected {expected!r})")
+    if len(a) != len(e):
+        check(False, f"{hint} (you gave {len(a)} values; the check needs {len(e)})")
+    wrong = [i for i, (x, y) in enumerate(zip(a, e))
+             if not (isinstance(x, (int, float)) and math.isclose(x, y, rel_tol=rel, abs_tol=abs_))]
+    where = "" if len(a) == 1 else f" at position{'s' if len(wrong) > 1 else ''} {wrong[:5]}{' …' if len(wrong) > 5 else ''}"
+    check(not wrong, f"{hint} (your value{where} is off)")
 
 
 def check_function(fn: Callable, cases: list[tuple[tuple, Any]], hint: str,
                    compare: Callable[[Any, Any], bool] | None = None) -> None:
-    """Call ``fn(*args)`` for each case and compare with the expected value."""
+    """Call ``fn(*args)`` for each case and compare with the expected value; a failure shows the case and
+    the learner's answer, never the expected one."""
     same = compare or (lambda got, want: got == want)
     for args, want in cases:
         got = _call(fn, args, hint)
         if not same(got, want):
-            raise ExerciseCheckError(f"{getattr(fn, '__name__', fn)}{args} returned {got!r}, "
-                                     f"expected {want!r}. Hint: {hint}")
+            raise ExerciseCheckError(f"{getattr(fn, '__name__', fn)}{args} returned {got!r}, which is not "
+                                     f"right. Hint: {hint}")
     print(f"✔ check passed ({len(cases)} cases)")
 
 

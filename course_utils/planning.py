@@ -44,17 +44,17 @@ def estimator_rows(total_params: int, largest_layer_params: int, gpus_per_node: 
     rows = []
     for offload in (True, False):
         cpu, gpu = estimate_zero2_model_states_mem_needs(total_params, gpus_per_node, nodes, cpu_offload=offload)
-        rows.append({"model": label, "params": total_params, "gpus": gpus_per_node * nodes, "stage": 2,
-                     "offload_optimizer": offload, "offload_param": False, "zero_init": None,
-                     "gpu_bytes": gpu, "cpu_bytes": cpu})
+        rows.append({"model": label, "params": total_params, "largest_layer_params": largest_layer_params,
+                     "gpus": gpus_per_node * nodes, "stage": 2, "offload_optimizer": offload, "offload_param": False,
+                     "zero_init": None, "gpu_bytes": gpu, "cpu_bytes": cpu})
     for offload, offload_params in ((True, True), (True, False), (False, False)):
         for zero_init in (True, False):
             cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total_params, largest_layer_params, gpus_per_node,
                                                                 nodes, cpu_offload=offload,
                                                                 cpu_offload_params=offload_params, zero_init=zero_init)
-            rows.append({"model": label, "params": total_params, "gpus": gpus_per_node * nodes, "stage": 3,
-                         "offload_optimizer": offload, "offload_param": offload_params, "zero_init": zero_init,
-                         "gpu_bytes": gpu, "cpu_bytes": cpu})
+            rows.append({"model": label, "params": total_params, "largest_layer_params": largest_layer_params,
+                         "gpus": gpus_per_node * nodes, "stage": 3, "offload_optimizer": offload,
+                         "offload_param": offload_params, "zero_init": zero_init, "gpu_bytes": gpu, "cpu_bytes": cpu})
     return rows
 
 
@@ -67,8 +67,12 @@ def largest_layer_params(model) -> int:
 
 def overlap_comm_bucket_bytes(reduce_bucket_size: float, allgather_bucket_size: float,
                               bytes_per_element: int = 2, factor: float = 4.5) -> float:
-    """The documented rule for ``overlap_comm``: buffers of about 4.5 × each bucket size, for both
-    buckets, in 16-bit elements: 5e8-element buckets → 4.5 × (5e8 + 5e8) × 2 bytes = 9 GB."""
+    """The rule of thumb of the Hugging Face transformers DeepSpeed guide (``docs/source/en/deepspeed.md``,
+    ZeRO-2): ``overlap_comm`` "uses 4.5x the allgather_bucket_size and reduce_bucket_size values", in
+    16-bit elements: 5e8-element buckets → 4.5 × (5e8 + 5e8) × 2 bytes = 9 GB.
+
+    It is folklore, not what DeepSpeed 0.19.8 allocates: notebook 05 measures the buckets of each stage
+    (``setup_buckets`` in ``stage_1_and_2.py``, the IPG bucket of ``stage3.py``) beside this rule."""
     return factor * (reduce_bucket_size + allgather_bucket_size) * bytes_per_element
 
 
@@ -192,8 +196,9 @@ def draw_per_rank(ax, params_b: float, ranks: int, stage: int, offload: str, dty
 
 
 def calculator():
-    """An ipywidgets calculator of per-rank model-state bytes. Returns (widget, update): call
-    ``update()`` once so that a non-interactive run (papermill) also shows a figure.
+    """An ipywidgets calculator of per-rank model-state bytes; it opens on the ZeRO paper's case (7.5 B
+    parameters, 64 ranks, stage 3, bf16). Returns (widget, update): call ``update()`` once so that a
+    non-interactive run (papermill) also shows a figure.
 
     The figure is a display with an id that each slider move replaces (``DisplayHandle.update``), not an
     ``ipywidgets.Output``: a headless executor such as nbclient answers every write into an Output widget
@@ -205,7 +210,8 @@ def calculator():
     from IPython.display import display
 
     controls = {
-        "params_b": w.FloatLogSlider(value=7.5, base=10, min=-2, max=3, description="params (B)"),
+        # a number box, not a log slider: a FloatLogSlider snaps 7.5 to its grid (10**0.9 = 7.94)
+        "params_b": w.BoundedFloatText(value=7.5, min=0.001, max=10_000, step=0.5, description="params (B)"),
         "ranks": w.IntSlider(value=64, min=1, max=1024, description="ranks"),
         "stage": w.IntSlider(value=3, min=0, max=3, description="ZeRO stage"),
         "offload": w.Dropdown(options=list(OFFLOAD), value="none", description="offload"),

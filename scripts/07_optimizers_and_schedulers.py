@@ -36,16 +36,17 @@ class OptimizerOutcome(Record, name="optimizer"):
 
 @dataclass
 class LrCurve(Record, name="lr_curve"):
-    """The learning rate the engine used at each step under one scheduler section."""
+    """The learning rate (and Adam's betas) the engine used at each step under one scheduler section."""
     label: str
     scheduler: str
     lr: list
+    betas: list                           # [beta1, beta2] per step, read like lr (engine.get_mom())
 
 
 def optimizer_config(base: dict, label: str) -> dict:
     """The launch's config with the optimizer section (and extra keys) of ``OPTIMIZERS[label]``."""
     section, extra = OPTIMIZERS[label]
-    return {**copy.deepcopy(base), "optimizer": section, **extra}
+    return {**copy.deepcopy(base), "optimizer": copy.deepcopy(section), **copy.deepcopy(extra)}
 
 
 def scheduler_config(base: dict, section: dict) -> dict:
@@ -104,11 +105,12 @@ def main(argv=None) -> None:
 
     for label, section in scheduler_sections(args.steps, args.warmup).items():
         engine, *_ = deepspeed.initialize(model=tiny_mlp(), config=scheduler_config(base, section))
-        lrs = []
+        lrs, betas = [], []
         for _ in range(args.steps):
             lrs.append(engine.get_lr()[0])             # the learning rate this step will use
+            betas.append(list(engine.get_mom()[0]))    # and the betas
             train(engine, 1, device)
-        record(LrCurve(label=label, scheduler=type(engine.lr_scheduler).__name__, lr=lrs))
+        record(LrCurve(label=label, scheduler=type(engine.lr_scheduler).__name__, lr=lrs, betas=betas))
         engine.destroy()
     rank0_print("scheduler curves recorded")
     finish()

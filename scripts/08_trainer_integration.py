@@ -4,7 +4,7 @@ the mismatch error, and HfDeepSpeedConfig before from_pretrained under ZeRO-3.
 1. Trainer with TrainingArguments(deepspeed=<path>): records the config as DeepSpeed received it and
    which TrainingArguments field filled each "auto" value.
 2. The same with deepspeed=<dict>: the same run (the same losses).
-3. A config value that contradicts TrainingArguments: the error the Trainer raises.
+3. Config values that contradict TrainingArguments (lr, betas, warmup_num_steps): the one error the Trainer raises.
 4. ZeRO-3: from_pretrained with and without a live HfDeepSpeedConfig: partitioned or not.
 ``--plain_training_arguments`` builds TrainingArguments directly (without course_utils.rank.trainer), to show
 what happens on CPU ranks when the distributed state is not prepared.
@@ -52,6 +52,11 @@ class Zero3Load(Record, name="zero3_load"):
     partition_numel: int | None
 
 
+# The TrainingArguments fields part 1 records (what the Trainer had to fill "auto" from).
+ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "learning_rate",
+             "max_grad_norm", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "warmup_steps", "max_steps")
+
+
 def trainer_settings(args) -> dict:
     """The TrainingArguments every run of this script shares."""
     return dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=args.steps,
@@ -68,6 +73,16 @@ def train(args, deepspeed_config, data) -> tuple[Trainer, list[float]]:
     trainer = Trainer(model=tiny_gpt2("trainer"), args=targs, train_dataset=data)
     trainer.train()
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def contradicting_config(written: dict, learning_rate: float) -> dict:
+    """``written`` with three values that contradict :func:`trainer_settings`: the learning rate, the betas
+    (TrainingArguments keep adam_beta1/2 = 0.9/0.999) and warmup_num_steps (warmup_steps=1 gives 1)."""
+    config = copy.deepcopy(written)
+    config["optimizer"]["params"]["lr"] = learning_rate * 10
+    config["optimizer"]["params"]["betas"] = [0.9, 0.95]
+    config["scheduler"]["params"]["warmup_num_steps"] = 3
+    return config
 
 
 def engine_view(engine) -> EngineView:
@@ -117,16 +132,18 @@ def main(argv=None) -> None:
     record("received_config", trainer.args.hf_deepspeed_config.config)   # the dict handed to deepspeed.initialize
     record(engine_view(trainer.model_wrapped))
     record("losses_path", losses_path)
+    record("training_arguments", {k: getattr(trainer.args, k) for k in ARGUMENTS})
+    record("learning_rates", [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h])
 
     # 2 · the same config as a dict
     if 2 in args.parts:
         _, losses_dict = train(args, copy.deepcopy(written), data)
         record("losses_dict", losses_dict)
 
-    # 3 · a value that contradicts TrainingArguments
+    # 3 · values that contradict TrainingArguments
     if 3 in args.parts:
-        contradicting = copy.deepcopy(written)
-        contradicting["optimizer"]["params"]["lr"] = args.learning_rate * 10
+        contradicting = contradicting_config(written, args.learning_rate)
+        record("mismatch_config", contradicting)
         try:
             train(args, contradicting, data)
             record("mismatch_error", None)

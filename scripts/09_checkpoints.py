@@ -1,9 +1,12 @@
 """Checkpoints of a tiny GPT-2 under ZeRO: save them, resume from them, export them.
 
 Modes (one launch each):
-  layout  one engine per ZeRO stage 0-3: train, save_checkpoint(<out>/stage<N>), and save the live
-          full fp32 weights beside it (<out>/stage<N>_live.safetensors) to compare conversions with;
-          ZeRO-3 also tries save_16bit_model with stage3_gather_16bit_weights_on_model_save off and on.
+  layout  one engine per precision (--dtypes, fp32 and bf16) and ZeRO stage 0-3: train,
+          save_checkpoint(<out>/<dtype>/stage<N>); the fp32 engines also save the live full weights beside
+          it (<out>/fp32/stage<N>_live.safetensors) to compare conversions with. The ZeRO-3 engines try
+          save_16bit_model (<out>/<dtype>/stage3_16bit_on), and an fp32 one with
+          stage3_gather_16bit_weights_on_model_save off; --trainer_save also has the HF Trainer save a
+          ZeRO-3 model with that option on and off (<out>/trainer/gather_on, gather_off).
   train   train to --steps, saving a checkpoint at each --save_at step; --load resumes from a
           checkpoint first (--universal: from a universal checkpoint, on any number of ranks).
           Records the loss of every step, and the logits of a fixed batch at the end.
@@ -14,6 +17,7 @@ Run from a terminal:
 """
 import argparse
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import deepspeed
@@ -24,14 +28,29 @@ from safetensors.torch import save_file
 
 from course_utils.rank.data import fixed_batch, global_batch, rank_slice
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.record import record
+from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
 
-def engine_config(base: dict, stage: int, universal: bool = False, **zero_options) -> dict:
-    """The launch's config under ZeRO ``stage`` (plus ``zero_options``), loading universal checkpoints if asked."""
+@dataclass
+class Saved(Record, name="saved"):
+    """One checkpoint of the layout launch: its precision, ZeRO stage, the class of ``engine.optimizer``
+    (whose state the checkpoint holds) and the dtype of the module's parameters."""
+    dtype: str
+    stage: int
+    optimizer: str
+    param_dtype: str
+
+
+def engine_config(base: dict, stage: int, universal: bool = False, dtype: str = "fp32", **zero_options) -> dict:
+    """The launch's config under ZeRO ``stage`` (plus ``zero_options``) in ``dtype`` ("fp32" keeps the
+    launch's config, "bf16" turns bf16 on), loading universal checkpoints if asked."""
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}")
     config = copy.deepcopy(base)
     config["zero_optimization"].update(stage=stage, **zero_options)
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
     if universal:
         config["checkpoint"] = {"load_universal": True}
     return config
@@ -70,24 +89,79 @@ def save_live(engine, path: Path) -> None:
         save_file(weights, str(path))
 
 
+def zero3_state(engine) -> dict:
+    """Under ZeRO-3, what a plain ``module.state_dict()`` holds now: its elements, and the elements of the
+    parameters ZeRO-3 keeps whole on every rank (``ds_persist``: at most stage3_param_persistence_threshold
+    elements each; they stay gathered once the first forward has fetched them)."""
+    state = engine.module.state_dict()
+    params = engine.module.named_parameters(remove_duplicate=False)     # tied weights appear in state_dict twice
+    return {"state_dict_numel": sum(v.numel() for v in state.values()),
+            "persistent_numel": sum(p.ds_numel for _, p in params if getattr(p, "ds_persist", False)),
+            "shapes": {k: list(v.shape) for k, v in list(state.items())[:3]}}
+
+
 def layout(args, base: dict, out: Path, device: str) -> None:
-    """One engine per ZeRO stage: train, save its checkpoint and its live weights; ZeRO-3's 16-bit export."""
-    for stage in (0, 1, 2, 3):
-        zero = {"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {}
-        engine = engine_for(engine_config(base, stage, args.universal, **zero))
-        for step in range(args.steps):
-            train_step(engine, step, device)
-        engine.save_checkpoint(str(out / f"stage{stage}"), client_state={"step": args.steps})
-        save_live(engine, out / f"stage{stage}_live.safetensors")
-        rank0_print(f"stage {stage}: checkpoint saved to {out / f'stage{stage}'}")
-    # ZeRO-3 keeps only a slice of each weight per rank: what does a plain state_dict() hold?
-    shapes = {k: list(v.shape) for k, v in engine.module.state_dict().items()}
-    record("zero3_state_dict_numel", sum(torch.Size(s).numel() for s in shapes.values()))
-    record("zero3_state_dict_shapes", dict(list(shapes.items())[:3]))
-    record("save16_gather_on", engine.save_16bit_model(str(out / "stage3_16bit_on")))
-    engine = engine_for(engine_config(base, 3, args.universal, stage3_gather_16bit_weights_on_model_save=False))
-    record("save16_gather_off", engine.save_16bit_model(str(out / "stage3_16bit_off")))
+    """One engine per precision and ZeRO stage: train, save its checkpoint (fp32: and its live weights);
+    ZeRO-3's state_dict and 16-bit export; the HF Trainer's save_model under ZeRO-3 if asked."""
+    for dtype in args.dtypes:
+        for stage in (0, 1, 2, 3):
+            zero = {"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {}
+            engine = engine_for(engine_config(base, stage, args.universal, dtype, **zero))
+            if stage == 3 and dtype == "fp32":
+                record("zero3_built", zero3_state(engine))
+            for step in range(args.steps):
+                train_step(engine, step, device)
+            if stage == 3 and dtype == "fp32":
+                record("zero3_trained", zero3_state(engine))
+            engine.save_checkpoint(str(out / dtype / f"stage{stage}"), client_state={"step": args.steps})
+            record(Saved(dtype=dtype, stage=stage, optimizer=type(engine.optimizer).__name__,
+                         param_dtype=str(next(engine.module.parameters()).dtype).replace("torch.", "")))
+            if dtype == "fp32":
+                save_live(engine, out / dtype / f"stage{stage}_live.safetensors")
+            if stage == 3:
+                record(f"{dtype}_save16_gather_on", engine.save_16bit_model(str(out / dtype / "stage3_16bit_on")))
+            rank0_print(f"{dtype} stage {stage}: checkpoint saved to {out / dtype / f'stage{stage}'}")
+    # the gather option off, and no persistent parameters: what a real model's big matrices look like
+    engine = engine_for(engine_config(base, 3, args.universal, stage3_gather_16bit_weights_on_model_save=False,
+                                      stage3_param_persistence_threshold=0))
+    train_step(engine, 0, device)
+    record("zero3_trained_no_persistence", zero3_state(engine))
+    record("save16_gather_off", engine.save_16bit_model(str(out / "fp32" / "stage3_16bit_off")))
     record("model_numel", sum(p.ds_numel for p in engine.module.parameters()))
+    if args.trainer_save:
+        trainer_saves(out / "trainer")
+
+
+def trainer_saves(out: Path) -> None:
+    """The HF Trainer under ZeRO-3, one step, then ``trainer.save_model``: with
+    stage3_gather_16bit_weights_on_model_save on (out/gather_on) and off (out/gather_off)."""
+    from accelerate.state import AcceleratorState
+    from transformers import Trainer
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+    from transformers.trainer_callback import PrinterCallback
+    from transformers.utils import logging as hf_logging
+
+    from course_utils.rank.trainer import training_arguments
+
+    hf_logging.disable_progress_bar()            # no "Writing model shards" bars in the rank logs
+    data = [{"input_ids": x, "labels": x} for x in global_batch(0, 8)]
+    for gather in (True, False):
+        AcceleratorState._reset_state()          # forget the previous run's DeepSpeed plugin
+        config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 1000000,
+                  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                            "weight_decay": "auto"}},
+                  "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": gather}}
+        targs = training_arguments(output_dir=str(out / "run"), deepspeed=config, max_steps=1, save_strategy="no",
+                                   per_device_train_batch_size=len(data) // dist.get_world_size(),
+                                   logging_strategy="no", dataloader_pin_memory=False)
+        trainer = Trainer(model=tiny_gpt2("checkpoints", seed=0), args=targs, train_dataset=data)
+        trainer.remove_callback(PrinterCallback)     # the one step's metrics are not the point here
+        trainer.train()
+        trainer.save_model(str(out / ("gather_on" if gather else "gather_off")))
+        rank0_print(f"Trainer.save_model with stage3_gather_16bit_weights_on_model_save={gather}: "
+                    f"{out / ('gather_on' if gather else 'gather_off')}")
+    unset_hf_deepspeed_config()
 
 
 def train(args, base: dict, out: Path, device: str) -> None:
@@ -101,6 +175,7 @@ def train(args, base: dict, out: Path, device: str) -> None:
         first = client_state["step"] if client_state else engine.global_steps
         rank0_print(f"resumed from {path} at step {first} on {dist.get_world_size()} ranks (client_state={client_state})")
         record("resumed_at", first)
+        record("global_steps_after_load", engine.global_steps)     # DeepSpeed's own counter, restored from the checkpoint
     for step in range(first, args.steps):
         loss = train_step(engine, step, device)
         record("loss", [step + 1, loss])
@@ -124,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", default=None, help="checkpoint folder to resume from")
     parser.add_argument("--tag", default=None, help="which checkpoint of --load (default: the one named in `latest`)")
     parser.add_argument("--universal", action="store_true", help="--load names a universal checkpoint")
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                        help="layout: the precisions to save checkpoints in")
+    parser.add_argument("--trainer_save", action="store_true",
+                        help="layout: also save a ZeRO-3 model through the HF Trainer, gather option on and off")
     return parser
 
 

@@ -27,6 +27,32 @@ def test_file_roles_name_every_checkpoint_file():
     assert "ZeRO-3" in ck.file_role("zero_pp_rank_0_mp_rank_00_model_states.pt")
     assert "weights" in ck.file_role("mp_rank_00_model_states.pt")
     assert "not a DeepSpeed" in ck.file_role("notes.txt")
+    assert "rank 1" in ck.file_role("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"), "bf16 names the optimizer files so"
+
+
+def test_tree_draws_the_folder_with_its_sizes(tmp_path):
+    (tmp_path / "ckpt" / "global_step2").mkdir(parents=True)
+    (tmp_path / "ckpt" / "global_step2" / "b.pt").write_bytes(b"x" * 2048)
+    (tmp_path / "ckpt" / "global_step2" / "a.pt").write_bytes(b"x" * 10)
+    (tmp_path / "ckpt" / "latest").write_text("global_step2")
+    lines = ck.tree(tmp_path / "ckpt", "stage 2").splitlines()
+    assert lines[0] == "stage 2/  (2.0 KiB)"                       # 2048 + 10 + 12 bytes
+    assert [line.split()[-2:] for line in lines[1:]] == [["2.0", "KiB"], ["10", "B"], ["2.0", "KiB"], ["12", "B"]]
+    assert lines[1].startswith("├── global_step2/") and lines[2].startswith("│   ├── a.pt")
+    assert lines[3].startswith("│   └── b.pt") and lines[4].startswith("└── latest")
+    with pytest.raises(FileNotFoundError, match="run the launch"):
+        ck.tree(tmp_path / "missing")
+    both = ck.side_by_side("a\nbb", "c", gap=2).splitlines()
+    assert both == ["a   c", "bb"]
+    assert ck.human_bytes(5 * 2**20) == "5.0 MiB"
+
+
+def test_show_source_quotes_installed_lines(capsys):
+    ck.show_source("deepspeed", "runtime/engine.py", "def _get_zero_ckpt_prefix", after=1)
+    out = capsys.readouterr().out
+    assert "\ndeepspeed/runtime/engine.py:" in "\n" + out and "bf16_" in out
+    with pytest.raises(LookupError, match="differs"):
+        ck.show_source("deepspeed", "runtime/engine.py", "no such line anywhere")
 
 
 def test_state_and_series_diffs():

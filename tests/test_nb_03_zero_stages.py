@@ -32,6 +32,10 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
             assert r["measured_bytes"] <= by[(ws, dtype, stage - 1)]["measured_bytes"]
     assert m["max_gap_to_adjusted"] < 0.05
     assert m["stage3_shard_numel"] == -(-m["stage3_weight_numel"] // procs)
+    # one execution of the notebook, several subjects (each test function would execute it again)
+    check_each_stage_sends_what_deepspeed_0_19_issues(m)
+    check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m)
+    check_the_ranks_own_disjoint_slices_that_cover_the_model(m)
 
 
 def _comm(m):
@@ -44,11 +48,10 @@ def _comm(m):
     return out
 
 
-def test_each_stage_sends_what_deepspeed_0_19_issues():
+def check_each_stage_sends_what_deepspeed_0_19_issues(m):
     """The comms logger's messages of one step against what the code does (not against the paper):
     stage 0 all-reduces Ψ; stages 1-2 all-reduce Ψ and all-gather their partition; stage 3 reduce-scatters
     the padded gradients and gathers each shard once, or at least twice when parameters are released."""
-    m = run_notebook(NAME)
     comm = _comm(m)
     procs = hardware.detect().default_procs
     assert {(procs, dtype, f"stage {s}") for dtype in ("fp32", "bf16") for s in range(4)} <= set(comm)
@@ -73,8 +76,7 @@ def test_each_stage_sends_what_deepspeed_0_19_issues():
                 assert gathered >= 2, (n, dtype, gathered)
 
 
-def test_stage_2_holds_fewer_gradients_than_stage_1_during_backward():
-    m = run_notebook(NAME)
+def check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m):
     procs = hardware.detect().default_procs
     peaks = {(g["stage"], g["gas"]): g for g in m["grad_peaks"] if g["world_size"] == procs}
     assert set(peaks) == {(1, 1), (1, 2), (2, 1), (2, 2)}
@@ -88,8 +90,7 @@ def test_stage_2_holds_fewer_gradients_than_stage_1_during_backward():
     assert abs(peaks[(2, 2)]["between_micro_steps"] - 4 * peaks[(2, 2)]["partition_numel"]) <= 64
 
 
-def test_the_ranks_own_disjoint_slices_that_cover_the_model():
-    m = run_notebook(NAME)
+def check_the_ranks_own_disjoint_slices_that_cover_the_model(m):
     by_stage = {}
     for o in m["ownership"]:
         by_stage.setdefault(o["stage"], []).append(o)

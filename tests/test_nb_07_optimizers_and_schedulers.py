@@ -3,25 +3,48 @@ import pytest
 
 from conftest import run_notebook
 from course_utils import hardware
+from course_utils.rank.optimizers import LR
+from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_key
 
 NAME = "07_optimizers_and_schedulers"
 pytestmark = pytest.mark.notebook
 
+SGD, KEEP_TORCH = (combo_key(True, True, True, v) for v in OFFLOAD_VARIANTS)
+
 
 def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
-    assert set(m["combo_matrix"]) == {f"{o}_opt+{s}_sched{x}" for o in ("hf", "ds") for s in ("hf", "ds")
-                                      for x in ("", "+offload")}
+    matrix = {f"{o}_opt+{s}_sched{x}" for o in ("hf", "ds") for s in ("hf", "ds") for x in ("", "+offload")}
+    assert set(m["combo_matrix"]) == matrix | {SGD, KEEP_TORCH}
     assert all(v == "ok" for v in m["combo_matrix"].values()), m["combo_matrix"]
     assert m["matrix_world_size"] == [hardware.detect().default_procs], "the Trainer must see every rank"
-    classes = m["combo_optimizer_classes"]
+
+    # which optimizer steps: DeepSpeed's config path, and accelerate's swap of an HF optimizer under offload
+    classes, adamw = m["combo_optimizer_classes"], m["combo_adam_w_mode"]
     assert classes["hf_opt+hf_sched"] == "AdamW" and classes["ds_opt+ds_sched"] == "FusedAdam"
-    assert {classes[k] for k in classes if k.endswith("+offload")} == {"DeepSpeedCPUAdam"}
-    assert m["optimizer_classes"]["Adam + offload"] == "DeepSpeedCPUAdam"
-    assert m["optimizer_outcomes"]["OneBitAdam"] == "AssertionError", "0.19.8 no longer ships OneBitAdam"
+    assert {classes[k] for k in matrix if k.endswith("+offload")} == {"DeepSpeedCPUAdam"}
+    assert adamw["hf_opt+hf_sched+offload"] is True, "torch AdamW → DeepSpeedCPUAdam(adamw_mode=True)"
+    assert classes[SGD] == "DeepSpeedCPUAdam" and adamw[SGD] is False, "any other optimizer → CPU Adam, L2 mode"
+    assert classes[KEEP_TORCH] == "AdamW", "zero_force_ds_cpu_optimizer=false keeps the torch optimizer"
+    # the loss depends on the schedule, not on which Adam stepped (SGD-turned-Adam included)
+    loss, sched = m["combo_train_loss"], m["combo_scheduler_classes"]
+    by_sched = {s: [loss[k] for k in loss if sched[k] == s] for s in set(sched.values())}
+    assert set(by_sched) == {"LambdaLR", "WarmupDecayLR"}
+    for values in by_sched.values():
+        assert values == pytest.approx([values[0]] * len(values), rel=1e-6)
+    assert abs(by_sched["LambdaLR"][0] - by_sched["WarmupDecayLR"][0]) > 1e-4, "the updates must show in the loss"
+
+    outcomes, opt_classes, final = m["optimizer_outcomes"], m["optimizer_classes"], m["optimizer_final_losses"]
+    assert opt_classes["Adam + offload"] == "DeepSpeedCPUAdam"
+    assert opt_classes["Adam torch_adam=true + offload"] == "AdamW", "torch_adam is tested before offload"
+    assert opt_classes["Adam torch_adam=true"] == "AdamW" and opt_classes["Adam"] == "FusedAdam"
+    assert final["Adam"] == pytest.approx(final["AdamW"], rel=1e-7), "Adam is AdamW by default"
+    assert abs(final["Adam adam_w_mode=false"] - final["AdamW"]) > 1e-5
+    assert outcomes["OneBitAdam"] == "AssertionError", "0.19.8 no longer ships OneBitAdam"
     if not hardware.detect().is_gpu:
-        assert m["optimizer_outcomes"]["Lamb"] == "ValueError", "FusedLamb has no CPU op"
-    curves = m["lr_curves"]
+        assert outcomes["Lamb"] == "ValueError", "FusedLamb has no CPU op"
+
+    curves, end = m["lr_curves"], m["decay_end"]
     peak = max(curves["WarmupLR (linear)"])
     increment = [b - a for a, b in zip(curves["WarmupLR (linear)"][1:], curves["WarmupLR (linear)"][2:])][0]
     raw, shifted = m["schedule_mapping_max_abs_diff"], m["schedule_mapping_shifted_diff"]
@@ -31,3 +54,21 @@ def test_notebook_runs_and_records_its_figures():
     assert curves["WarmupDecayLR"][-1] < 0.2 * peak and max(curves["OneCycle"]) == pytest.approx(peak)
     lr_range = curves["LRRangeTest"]
     assert all(b > a for a, b in zip(lr_range, lr_range[1:])), "LRRangeTest only grows"
+    # the warm-up schedulers repeat their minimum once; LRRangeTest and OneCycle move from the second step
+    for label, lr in curves.items():
+        assert (lr[1] == lr[0]) == label.startswith("Warmup"), label
+    # WarmupDecayLR ends at warmup_min_lr (lr / 10 in its section) at iteration total_num_steps (step end + 1);
+    # WarmupCosineLR at cos_min_ratio (0.1) × lr, one iteration earlier (it counts from iteration − warmup + 1)
+    for label, floor_step in (("WarmupDecayLR (min_lr, ends early)", end + 1), ("WarmupCosineLR", end)):
+        lr = curves[label]
+        assert lr[floor_step:] == pytest.approx([LR / 10] * (len(lr) - floor_step), rel=1e-9), label
+        assert lr[floor_step - 1] > lr[floor_step] * (1 + 1e-6), f"{label} reaches its floor at step {floor_step}"
+    assert LR * 0.9 < max(curves["WarmupCosineLR"]) < LR, "the cosine's first point is one step past the peak"
+
+    betas = m["one_cycle_betas"]
+    assert {tuple(b) for b in betas["OneCycle"]} == {(0.9, 0.999)}, "cycle_momentum=False leaves the betas alone"
+    cycled, lr = betas["OneCycle (cycle_momentum)"], curves["OneCycle (cycle_momentum)"]
+    assert {b[1] for b in cycled} == {0.99}, "cycling momentum overwrites beta2 with 0.99"
+    assert min(b[0] for b in cycled) == pytest.approx(0.8) and max(b[0] for b in cycled) == pytest.approx(0.9)
+    assert cycled[lr.index(max(lr))][0] == pytest.approx(0.8), "beta1 is lowest where the LR is highest"
+    assert cycled[0][0] == pytest.approx(0.8) and cycled[1][0] > cycled[0][0], "the constructor starts at cycle_min_mom"

@@ -1,4 +1,6 @@
 """Notebook 08 executed with papermill; "auto" resolution, the mismatch error and both launchers asserted."""
+import math
+
 import pytest
 
 from conftest import run_notebook
@@ -11,16 +13,34 @@ pytestmark = pytest.mark.notebook
 def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
     procs = hardware.detect().default_procs
-    auto = m["auto_filled"]
-    assert auto["train_micro_batch_size_per_gpu"] == 4 and auto["gradient_accumulation_steps"] == 2
-    assert auto["train_batch_size"] == 4 * 2 * procs, "train_batch_size must count every rank"
-    assert auto["optimizer.params.lr"] == auto["scheduler.params.warmup_max_lr"] == 1e-3
+    auto, engine, targs = m["auto_filled"], m["engine_view"], m["training_arguments"]
+    # what the DeepSpeed engine ended up using, against the TrainingArguments of the script (trainer_settings)
+    assert engine["micro_batch"] == 4 and engine["gradient_accumulation_steps"] == 2
+    assert engine["train_batch_size"] == auto["train_batch_size"] == 4 * 2 * procs, "train_batch_size counts every rank"
+    assert engine["gradient_clipping"] == 1.0 and engine["optimizer"] == "FusedAdam"
+    assert engine["lr_scheduler"] == "WarmupDecayLR"
+    # WarmupDecayLR with warmup_max_lr ← learning_rate, warmup_num_steps ← 1 (DeepSpeed uses max(2, ·)) and
+    # total_num_steps ← the steps; the k-th logged rate is that of iteration k - 1
+    total, warmup = len(m["losses_path"]), max(2, auto["scheduler.params.warmup_num_steps"])
+    expected = [1e-3 * (it / warmup if it < warmup else max(0.0, (total - it) / (total - warmup)))
+                for it in range(total)]
+    assert m["learning_rates"] == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert max(m["learning_rates"]) == pytest.approx(1e-3), "the peak is the learning_rate argument"
+    assert targs["world_size"] == procs, "the Trainer must see every rank"
     assert auto["zero_optimization.reduce_bucket_size"] == 32 * 32, "hidden_size² of the tiny GPT-2"
     assert auto["scheduler.params.total_num_steps"] == len(m["losses_path"])
     assert m["auto_filled_from"]["gradient_clipping"] == "max_grad_norm"
+    assert m["auto_filled_from"]["scheduler.params.warmup_num_steps"] == "warmup_steps"
     assert auto["fp16.enabled"] is False and auto["bf16.enabled"] is False
     assert m["world_size_seen"] == procs
-    assert "ds optimizer.params.lr=0.01 vs hf learning_rate=0.001" in m["mismatch_error"]
+    # warmup_num_steps = max(1, get_warmup_steps(40)): a count, a fraction rounded up, at least 1
+    assert m["warmup_fill"] == {"3": 3, "0.25": math.ceil(0.25 * 40), "0": 1}
+    assert "warmup_ratio" in m["warmup_ratio_error"], "transformers 5 has no warmup_ratio argument"
+    # one error names every contradiction, betas and warmup_num_steps included
+    mismatch = m["mismatch_error"]
+    assert "ds optimizer.params.lr=0.01 vs hf learning_rate=0.001" in mismatch
+    assert "ds optimizer.params.betas=[0.9, 0.95] vs hf adam_beta1+adam_beta2=[0.9, 0.999]" in mismatch
+    assert "ds scheduler.params.warmup_num_steps=3 vs hf warmup_steps=1" in mismatch
     assert m["losses_dict"] == pytest.approx(m["losses_path"], rel=1e-6)
     if not hardware.detect().is_gpu:
         assert f"8 != 4 * 2 * {procs}" in m["failure_without_state"], "plain TrainingArguments see world size 1 on CPU"

@@ -1,10 +1,13 @@
 """Fast unit tests of the precision helpers, the HF/DS combination configs and the "auto" tables."""
+from types import SimpleNamespace
+
 import torch
 
-from course_utils import configs
+from course_utils import configs, paths, scripts
 from course_utils.rank import trainer
 from course_utils.rank.data import random_batch
 from course_utils.rank.engine import dtype_name
+from course_utils.rank.scaffolding import read_config
 from course_utils.views import precision
 from course_utils.views import trainer as trainer_views
 
@@ -19,6 +22,44 @@ def test_overflow_table_shows_the_fp16_pitfall():
 def test_skipped_steps_and_dtype_names():
     assert precision.skipped_steps([True, False, True]) == [0, 2]
     assert dtype_name(torch.bfloat16) == "bfloat16" and dtype_name(None) is None
+
+
+def test_doublings_count_the_clean_steps_before_each():
+    trace = SimpleNamespace(scale=[8, 8, 4, 4, 4, 8, 8, 16],
+                            overflow=[True, True, False, False, False, False, False, False])
+    assert precision.doublings(trace) == [(5, 3), (7, 5)]
+    assert precision.doublings(SimpleNamespace(scale=[4, 4], overflow=[False, False])) == []
+
+
+def test_communication_table_divides_the_gradient_bytes_by_psi():
+    s = scripts.load("06_mixed_precision")
+    row = s.EngineDtypes(precision="bf16", module="bfloat16", master="float32", grad="bfloat16", forward="bfloat16",
+                         loss_scale=1.0, psi=300, grad_allreduce_bytes=600,
+                         messages={"all_reduce": {"600": 1, "1": 1, "4": 1}, "all_gather_into_tensor": {"300": 1}})
+    [out] = precision.communication_table([row])
+    assert out["bytes per element"] == 2.0 and out["all_gather bytes (this rank's shard)"] == 300
+    assert out[f"all_reduce < {s.GRAD_MESSAGE_MIN_BYTES} B (bytes: count)"] == {"1": 1, "4": 1}
+    assert not any("apex" in key for key in precision.precision_support()), "DeepSpeed 0.19 has no amp section"
+
+
+def test_lr_table_marks_the_forced_steps():
+    run = scripts.load("06_mixed_precision").EngineLr(precision="bf16", inf_rank=1, inf_steps=[0], lr_start=0.0,
+                                                       overflow=[True, False], skipped_steps=[1, 1],
+                                                       scheduler_iteration=[-1, 0], lr=[0.0, 0.0])
+    rows = precision.lr_table(run)
+    assert [r["rank 1's loss × inf"] for r in rows] == [True, False] and rows[1]["scheduler iteration"] == 0
+
+
+def test_06_precision_and_scheduler_configs():
+    s = scripts.load("06_mixed_precision")
+    base = read_config(paths.CONFIGS / "06_loss_scaling.json")
+    autocast = s.precision_config(base, "torch_autocast bf16")
+    assert autocast["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert "bf16" not in autocast and "fp16" not in autocast
+    bf16 = s.lr_config(base, "bf16")
+    assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16 and bf16["scheduler"] == base["scheduler"]
+    assert s.lr_config(base, "fp16")["fp16"] == {"enabled": True, "loss_scale": 1}
+    assert "fp16" in base, "the base config is left alone"
 
 
 def test_random_batch_differs_per_rank_and_repeats():
@@ -36,6 +77,9 @@ def test_combo_config_removes_the_sections_hf_provides():
     assert base == {"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR"}, "zero_optimization": {"stage": 2}}
     assert len(trainer.combos()) == 8
     assert trainer.combo_key(False, True, True) == "ds_opt+hf_sched+offload"
+    variant = trainer.combo_key(True, True, True, "optim=sgd")
+    assert variant == "hf_opt+hf_sched+offload [optim=sgd]" and trainer.matrix_cell(variant) == "hf_opt+hf_sched"
+    assert set(trainer.OFFLOAD_VARIANTS) == {"optim=sgd", "zero_force_ds_cpu_optimizer=false"}
 
 
 def test_auto_keys_and_resolution_table():
@@ -53,3 +97,39 @@ def test_other_changes_ignores_auto_and_reports_the_rest():
     written = {"steps_per_print": 10, "optimizer": {"params": {"lr": "auto"}}, "stage": 2}
     received = {"steps_per_print": float("inf"), "optimizer": {"params": {"lr": 0.1}}, "stage": 2}
     assert trainer_views.other_changes(written, received) == {"steps_per_print": (10, float("inf"))}
+
+
+def test_07_schedule_ends_and_matrix_rows():
+    from course_utils.views import schedules
+
+    ends = schedules.schedule_ends({"decay": [0.0, 0.0, 0.5, 1.0, 0.6, 0.2, 0.2, 0.2], "grow": [1.0, 2.0, 3.0]})
+    assert ends["decay"] == {"step 0": 0.0, "step 1": 0.0, "peak": 1.0, "peak at step": 3, "last": 0.2,
+                             "flat from step": 5}
+    assert ends["grow"]["flat from step"] == 2
+    combo = scripts.load("07_trainer_matrix").Combo
+    rows = schedules.matrix_table({"ds_opt+hf_sched": combo(key="ds_opt+hf_sched", outcome="ok"),
+                                   "hf_opt+hf_sched+offload [optim=sgd]": combo(
+                                       key="hf_opt+hf_sched+offload [optim=sgd]", outcome="ok", variant="optim=sgd",
+                                       optimizer_class="DeepSpeedCPUAdam", adam_w_mode=False)})
+    assert [(r["optimizer"], r["scheduler"], r["offload"], r["documented"]) for r in rows] == [
+        ("DS", "HF", False, "no"), ("HF", "HF", True, "yes")]
+    assert rows[1]["changed"] == "optim=sgd" and rows[1]["adam_w_mode"] is False
+
+
+def test_07_optimizer_and_scheduler_sections():
+    from course_utils.rank.optimizers import ADAM_CASES, OPTIMIZERS, decay_end, scheduler_sections
+
+    s = scripts.load("07_optimizers_and_schedulers")
+    base = {"train_micro_batch_size_per_gpu": 8}
+    for (torch_adam, offload), label in ADAM_CASES.items():
+        cfg = s.optimizer_config(base, label)
+        assert cfg["optimizer"]["type"] == "Adam" and cfg["optimizer"]["params"].get("torch_adam", False) is torch_adam
+        assert ("offload_optimizer" in cfg.get("zero_optimization", {})) is offload
+    cfg = s.optimizer_config(base, "Adam + offload")
+    cfg["zero_optimization"]["stage"] = 3
+    assert OPTIMIZERS["Adam torch_adam=true + offload"][1]["zero_optimization"]["stage"] == 2, "configs are copies"
+    sections = scheduler_sections(24, 6)
+    assert {v["type"] for v in sections.values()} == {"LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR",
+                                                      "WarmupCosineLR"}
+    assert 6 < decay_end(24, 6) < 24 and sections["WarmupCosineLR"]["params"]["total_num_steps"] == decay_end(24, 6)
+

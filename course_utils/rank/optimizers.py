@@ -8,6 +8,8 @@ from __future__ import annotations
 
 LR = 0.01
 
+OFFLOAD = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}   # ZeRO-2 + CPU optimizer offload
+
 # label → (optimizer section, extra top-level config). Each is tried in a real deepspeed.initialize.
 OPTIMIZERS: dict[str, tuple[dict, dict]] = {
     "Adam": ({"type": "Adam", "params": {"lr": LR, "weight_decay": 0.01}}, {}),
@@ -16,22 +18,36 @@ OPTIMIZERS: dict[str, tuple[dict, dict]] = {
     "Adam torch_adam=true": ({"type": "Adam", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}}, {}),
     "Lamb": ({"type": "Lamb", "params": {"lr": LR, "weight_decay": 0.01}}, {}),
     "OneBitAdam": ({"type": "OneBitAdam", "params": {"lr": LR, "freeze_step": 2}}, {}),
-    "Adam + offload": ({"type": "Adam", "params": {"lr": LR, "weight_decay": 0.01}},
-                       {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}),
+    "Adam + offload": ({"type": "Adam", "params": {"lr": LR, "weight_decay": 0.01}}, OFFLOAD),
+    "Adam torch_adam=true + offload": ({"type": "Adam", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}},
+                                       OFFLOAD),
 }
+
+# The four (torch_adam, offload) cases of an "Adam" section above: notebook 07's exercise 1.
+ADAM_CASES: dict[tuple[bool, bool], str] = {
+    (False, False): "Adam", (True, False): "Adam torch_adam=true",
+    (False, True): "Adam + offload", (True, True): "Adam torch_adam=true + offload"}
+
+
+def decay_end(steps: int, warmup: int) -> int:
+    """``total_num_steps`` of the schedules that should be seen to end inside a curve of ``steps`` steps."""
+    return max(warmup + 2, steps * 3 // 4)
 
 
 def scheduler_sections(steps: int, warmup: int, lr: float = LR) -> dict[str, dict]:
-    """One "scheduler" config section per DeepSpeed scheduler (plus WarmupLR's two warm-up shapes)."""
+    """One "scheduler" config section per DeepSpeed scheduler (plus WarmupLR's two warm-up shapes, WarmupDecayLR
+    with a floor, and OneCycle with DeepSpeed's default momentum cycling)."""
+    one_cycle = {"cycle_min_lr": lr / 10, "cycle_max_lr": lr, "cycle_first_step_size": steps // 3,
+                 "decay_step_size": max(1, steps // 6), "decay_lr_rate": 0.5}
+    end = decay_end(steps, warmup)
     return {
         "LRRangeTest": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": lr / 100,
                                                           "lr_range_test_step_size": max(1, steps // 8),
                                                           "lr_range_test_step_rate": 1.0,
                                                           "lr_range_test_staircase": False}},
-        "OneCycle": {"type": "OneCycle", "params": {"cycle_min_lr": lr / 10, "cycle_max_lr": lr,
-                                                    "cycle_first_step_size": steps // 3,
-                                                    "decay_step_size": max(1, steps // 6), "decay_lr_rate": 0.5,
-                                                    "cycle_momentum": False}},
+        "OneCycle": {"type": "OneCycle", "params": {**one_cycle, "cycle_momentum": False}},
+        # the same LR cycle with OneCycle's own default, cycle_momentum=True: it rewrites the optimizer's betas
+        "OneCycle (cycle_momentum)": {"type": "OneCycle", "params": {**one_cycle, "cycle_momentum": True}},
         "WarmupLR (log)": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
                                                           "warmup_num_steps": warmup}},
         "WarmupLR (linear)": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
@@ -39,4 +55,12 @@ def scheduler_sections(steps: int, warmup: int, lr: float = LR) -> dict[str, dic
         "WarmupDecayLR": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
                                                               "warmup_num_steps": warmup, "total_num_steps": steps,
                                                               "warmup_type": "linear"}},
+        # ends inside the curve, at warmup_min_lr (not at 0)
+        "WarmupDecayLR (min_lr, ends early)": {"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": lr / 10, "warmup_max_lr": lr, "warmup_num_steps": warmup, "total_num_steps": end,
+            "warmup_type": "linear"}},
+        # ratios of the optimizer's lr; ends at cos_min_ratio × lr (counting its cosine from iteration − warmup + 1)
+        "WarmupCosineLR": {"type": "WarmupCosineLR", "params": {
+            "warmup_min_ratio": 0.0, "warmup_num_steps": warmup, "total_num_steps": end, "cos_min_ratio": 0.1,
+            "warmup_type": "linear"}},
     }

@@ -56,10 +56,25 @@ def training_arguments(cls: type | None = None, **kwargs: Any):
 
 # ---- notebook 07: the HF/DS optimizer × scheduler matrix ------------------------------------------
 
-def combo_key(hf_opt: bool, hf_sched: bool, offload: bool) -> str:
-    """``"hf_opt+ds_sched"``, with ``"+offload"`` appended for ZeRO-Offload runs."""
+# Beyond the matrix: HF optimizer + HF scheduler + ZeRO-Offload with one thing changed, to show what accelerate's
+# map_pytorch_optim_to_deepspeed replaces (any torch optimizer → a DeepSpeed CPU optimizer) and when it does not.
+# name → (extra TrainingArguments, extra top-level DeepSpeed config)
+OFFLOAD_VARIANTS: dict[str, tuple[dict, dict]] = {
+    "optim=sgd": ({"optim": "sgd"}, {}),
+    "zero_force_ds_cpu_optimizer=false": ({}, {"zero_force_ds_cpu_optimizer": False}),
+}
+
+
+def combo_key(hf_opt: bool, hf_sched: bool, offload: bool, variant: str | None = None) -> str:
+    """``"hf_opt+ds_sched"``, with ``"+offload"`` appended for ZeRO-Offload runs and ``" [variant]"`` for an
+    entry of :data:`OFFLOAD_VARIANTS`."""
     key = f"{'hf' if hf_opt else 'ds'}_opt+{'hf' if hf_sched else 'ds'}_sched"
-    return key + ("+offload" if offload else "")
+    return key + ("+offload" if offload else "") + (f" [{variant}]" if variant else "")
+
+
+def matrix_cell(key: str) -> str:
+    """The cell of the documented HF/DS table a combination belongs to: ``"hf_opt+ds_sched"``."""
+    return "+".join(key.split(" [")[0].split("+")[:2])
 
 
 def combos(offload_options: tuple[bool, ...] = (False, True)) -> list[tuple[bool, bool, bool]]:

@@ -8,6 +8,7 @@ from .. import scripts
 from ..compare import max_abs_series_diff
 from ..rank.optimizers import LR
 from ..rank.record import read_as
+from ..rank.trainer import matrix_cell
 
 # Hugging Face lr_scheduler_type → the DeepSpeed scheduler that corresponds to it.
 HF_TO_DS = {"constant_with_warmup": ["WarmupLR (linear)", "WarmupLR (log)"], "linear": ["WarmupDecayLR"]}
@@ -53,14 +54,16 @@ def read_matrix(records: list[dict]) -> dict[str, Any]:
 
 
 def matrix_table(matrix: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows (optimizer, scheduler, offload, outcome, optimizer class, error message) for display."""
+    """Rows (optimizer, scheduler, offload, variant, outcome, optimizer class, adam_w_mode, scheduler class, loss,
+    the documented table's answer, error message) for display."""
     rows = []
     for key, c in matrix.items():
-        opt, sched = key.split("+")[:2]
+        opt, sched = matrix_cell(key).split("+")
         rows.append({"optimizer": opt.replace("_opt", "").upper(), "scheduler": sched.replace("_sched", "").upper(),
-                     "offload": key.endswith("+offload"), "outcome": c.outcome,
-                     "optimizer class": c.optimizer_class, "scheduler class": c.scheduler_class,
-                     "error": (c.error or "")[:160]})
+                     "offload": "+offload" in key, "changed": c.variant or "", "outcome": c.outcome,
+                     "optimizer class": c.optimizer_class, "adam_w_mode": c.adam_w_mode,
+                     "scheduler class": c.scheduler_class, "train loss": c.train_loss,
+                     "documented": DOCUMENTED_TABLE[matrix_cell(key)], "error": (c.error or "")[:160]})
     return rows
 
 
@@ -79,3 +82,25 @@ def optimizer_table(records: list[dict]):
 def read_lr_curves(records: list[dict]) -> dict[str, list[float]]:
     """Scheduler label → the learning rate the engine used at each step (rank 0)."""
     return {c.label: c.lr for c in read_as(records, scripts.load("07_optimizers_and_schedulers").LrCurve)}
+
+
+def read_betas(records: list[dict]) -> dict[str, list[list[float]]]:
+    """Scheduler label → Adam's [beta1, beta2] at each step (rank 0)."""
+    return {c.label: c.betas for c in read_as(records, scripts.load("07_optimizers_and_schedulers").LrCurve)}
+
+
+def flat_from(values: list[float], rel: float = 1e-9) -> int:
+    """The first step from which every value equals the last one."""
+    import math
+
+    step = len(values) - 1
+    while step > 0 and math.isclose(values[step - 1], values[-1], rel_tol=rel, abs_tol=1e-15):
+        step -= 1
+    return step
+
+
+def schedule_ends(curves: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Per curve: its first two learning rates, its peak (and the step of it), its last value and the step from
+    which it stays there."""
+    return {label: {"step 0": lr[0], "step 1": lr[1], "peak": max(lr), "peak at step": lr.index(max(lr)),
+                    "last": lr[-1], "flat from step": flat_from(lr)} for label, lr in curves.items()}
