@@ -168,7 +168,7 @@ def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
 # ---------------------------------------------------------------- the calculator
 
 # The calculator's offload choices, as the zero_optimization keys they stand for: what each moves is
-# zero_rules.OFFLOAD_MOVES, the same rule notebook 04's prediction and measurement use.
+# zero_rules.OFFLOAD_MOVES, the same rule notebook 04's prediction uses (its measurement reads the tensors).
 OFFLOAD = {"none": {}, "optimizer": {"offload_optimizer": {"device": "cpu"}},
            "optimizer + params": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
 

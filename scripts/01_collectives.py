@@ -1,14 +1,16 @@
-"""Every rank reports who it is, runs every collective once, and (optionally) times all_reduce.
+"""Every rank reports who it is, runs every collective once, and (optionally) times all_reduce and
+records which collectives ZeRO stages call in one training step.
 
-Run from a terminal:  deepspeed --num_gpus 2 scripts/01_collectives.py --sizes 1024 1048576
+Run from a terminal:  deepspeed --num_gpus 2 scripts/01_collectives.py --sizes 1024 1048576 --zero_stages 2 3
 """
 import argparse
 
 import deepspeed
 import torch.distributed as dist
 
-from course_utils.rank.distributed import (AllReduceTime, CollectiveRow, backends_available, choose_device,
-                                           rank_identity, run_collectives, time_all_reduce)
+from course_utils.rank.distributed import (AllReduceTime, CollectiveRow, ZeroCollectives, backends_available,
+                                           choose_device, rank_identity, run_collectives, time_all_reduce,
+                                           zero_step_collectives)
 from course_utils.rank.record import record
 from course_utils.rank.scaffolding import finish, parse_args
 
@@ -17,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="*", default=[], help="all_reduce message sizes (float32 elements) to time")
     parser.add_argument("--repeats", type=int, default=5, help="timed all_reduce calls per size (the median is kept)")
+    parser.add_argument("--zero_stages", type=int, nargs="*", default=[], choices=[1, 2, 3],
+                        help="ZeRO stages whose collectives in one training step to record (DeepSpeed's comms logger)")
     parser.add_argument("--cpu", action="store_true", help="CPU tensors over gloo even on a GPU machine "
                         "(for nodes simulated on one machine, whose ranks would share GPUs)")
     return parser
@@ -37,6 +41,8 @@ def main(argv=None) -> None:
 
     if args.sizes:
         record(AllReduceTime.NAME, time_all_reduce(args.sizes, device, repeats=args.repeats))
+    for stage in args.zero_stages:
+        record(ZeroCollectives.NAME, zero_step_collectives(stage, device))
     finish()
 
 

@@ -1,5 +1,6 @@
 """Ring all-reduce written from send/recv (the notebook's exercise), checked against dist.all_reduce,
-with the bytes each rank sent counted.
+with the bytes each rank sent counted, then run once more on a tensor whose values name their origin
+to record, step by step, which chunk each rank sent and what every chunk held (the notebook's picture).
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/01_ring.py --ring_file build/exercises/ring.py
 """
@@ -10,7 +11,8 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils.rank.distributed import choose_device, count_sent_bytes, rank_identity, ring_bytes_expected
+from course_utils.rank.distributed import choose_device, rank_identity
+from course_utils.rank.ring import RingStep, count_sent_bytes, ring_bytes_expected, trace_ring
 from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
@@ -67,6 +69,7 @@ def main(argv=None) -> None:
     print(f"rank {rank}: ring == all_reduce: {ring.matches}, max |diff| {ring.max_abs_diff:.2e}, "
           f"sent {ring.bytes_sent} bytes in {ring.messages} messages (2(N-1)/N·S = {ring.expected_bytes:.0f})")
     record(ring)
+    record(RingStep.NAME, trace_ring(ring_all_reduce, device))
     finish()
 
 

@@ -1,14 +1,15 @@
 """The speed/memory ladder in one launch: stage 0 → 1 → 2 → 2+offload → 3 → 3+offload (and optionally
-NVMe, the client-optimizer case and stage-3 knobs), each with seconds per step, accelerator/host
-model-state bytes and peak RSS.
+NVMe, the client-optimizer case and stage-3 knobs), each with seconds per step, peak RSS and where the
+model states are: every tensor the engine holds, by the DeepSpeed structure holding it and its device.
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/04_offload_ladder.py --steps 3
 """
 import argparse
 import json
+import re
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import deepspeed
@@ -18,11 +19,23 @@ from deepspeed.accelerator import get_accelerator
 
 from course_utils.rank.engine import (LADDER, accelerator_bytes, ds_config, forward_backward, gathered_numel,
                                       nvme_offload, release, training_dtype)
-from course_utils.rank.memory import (current_rss_bytes, peak_rss_bytes, placement_bytes, reset_peak_rss,
-                                      tensor_inventory)
+from course_utils.rank.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, tensor_inventory
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
+
+
+MODEL_STATES = ("params", "grads", "optimizer")
+
+
+@dataclass
+class Holding:
+    """Bytes of one kind of state held in one DeepSpeed structure on one device type (one row of ``Rung.held``)."""
+    state: str            # params | grads | optimizer | buffers (memory.tensor_inventory's categories)
+    structure: str        # where the engine holds it, e.g. "DeepSpeedCPUAdam.state[p]['exp_avg']"
+    device: str           # the tensors' device type: cpu, cuda, ...
+    bytes: int
+    tensors: int          # storages counted
 
 
 @dataclass
@@ -32,8 +45,11 @@ class Rung(Record, name="rung"):
     rank: int
     dtype: str
     step_seconds: float           # median of the timed steps (forward + backward + step, no measuring)
-    device_bytes: int             # model states on the accelerator (CPU machine: not offloaded)
-    host_bytes: int               # model states in host memory (CPU machine: offloaded)
+    accelerator: str              # the accelerator's device type ("cuda"; "cpu" on a CPU-only machine)
+    model_state_bytes: int        # params + grads + optimizer states, wherever they are
+    device_bytes: int             # model states on tensors of the accelerator's device type
+    host_bytes: int               # model states on "cpu" tensors when the accelerator is not the CPU (else 0)
+    held: list                    # Holding rows (as dicts): every state by structure and device
     peak_rss: int                 # VmHWM since the rung began
     rss_start: int                # VmRSS when the rung began
     accelerator_peak: int
@@ -44,18 +60,49 @@ class Rung(Record, name="rung"):
     swap_files: list | None = None   # NVMe: the swap files found in the rank's folder
 
 
-def make_rung(name: str, *, rank: int, dtype: str, step_times: list[float], inventory, zero: dict, accelerator: str,
+def structure_name(path: str, engine_optimizer: str, inner_optimizer: str | None) -> str:
+    """The structure a tensor was found under (:func:`tensor_inventory`'s path), without its indices:
+    ``optimizer.optimizer.state[<param>]['exp_avg']`` → ``DeepSpeedCPUAdam.state[p]['exp_avg']``,
+    ``module.h.0.attn.c_attn.weight.ds_tensor`` → ``module parameter.ds_tensor``."""
+    label = re.sub(r"\[<param>\]", "[p]", re.sub(r"\[\d+\]", "[i]", path))
+    if label.startswith("module."):
+        tail = next((t for t in (".ds_tensor.grad", ".ds_tensor", ".grad") if label.endswith(t)), "")
+        return "module parameter" + tail
+    if inner_optimizer and label.startswith("optimizer.optimizer."):
+        return inner_optimizer + label[len("optimizer.optimizer"):]
+    return engine_optimizer + label[len("optimizer"):] if label.startswith("optimizer.") else label
+
+
+def holdings(inventory, engine_optimizer: str, inner_optimizer: str | None) -> list[Holding]:
+    """The inventory (:func:`tensor_inventory`) summed by (state, structure, device type), largest first."""
+    rows: dict[tuple, Holding] = {}
+    for e in inventory:
+        module_buffer = e.category == "buffers" and e.path.startswith("module.")
+        structure = "module buffer" if module_buffer else structure_name(e.path, engine_optimizer, inner_optimizer)
+        key = (e.category, structure, e.device.split(":")[0])
+        row = rows.setdefault(key, Holding(e.category, structure, key[2], 0, 0))
+        row.bytes += e.nbytes
+        row.tensors += 1
+    order = MODEL_STATES + ("buffers",)
+    return sorted(rows.values(), key=lambda h: (order.index(h.state), -h.bytes))
+
+
+def make_rung(name: str, *, rank: int, dtype: str, step_times: list[float], held: list[Holding], accelerator: str,
               rss_start: int, peak_rss: int, accelerator_peak: int, gathered_in_forward: int, persistent_numel: int,
               optimizer: str, loss: float, swap_dir: str | None = None) -> Rung:
     """The ``rung`` record from one rung's measurements: the median step time and the model-state bytes
-    split between accelerator and host (:func:`course_utils.rank.memory.placement_bytes`)."""
-    placed = placement_bytes(inventory, zero, accelerator)
+    by the device type of the tensors holding them (on a CPU-only machine the accelerator *is* the CPU:
+    every byte is on it, and ``host_bytes`` is 0)."""
+    states = [h for h in held if h.state in MODEL_STATES]
+    on_device = sum(h.bytes for h in states if h.device == accelerator)
+    on_host = sum(h.bytes for h in states if h.device == "cpu") if accelerator != "cpu" else 0
     swap_files = (sorted(str(p.relative_to(swap_dir)) for p in Path(swap_dir).rglob("*.swp"))
                   if swap_dir is not None else None)
-    return Rung(name=name, rank=rank, dtype=dtype, step_seconds=statistics.median(step_times),
-                device_bytes=placed["device_bytes"], host_bytes=placed["host_bytes"], peak_rss=peak_rss,
-                rss_start=rss_start, accelerator_peak=accelerator_peak, gathered_in_forward=gathered_in_forward,
-                persistent_numel=persistent_numel, optimizer=optimizer, loss=loss, swap_files=swap_files)
+    return Rung(name=name, rank=rank, dtype=dtype, step_seconds=statistics.median(step_times), accelerator=accelerator,
+                model_state_bytes=sum(h.bytes for h in states), device_bytes=on_device, host_bytes=on_host,
+                held=[asdict(h) for h in held], peak_rss=peak_rss, rss_start=rss_start, accelerator_peak=accelerator_peak,
+                gathered_in_forward=gathered_in_forward, persistent_numel=persistent_numel, optimizer=optimizer,
+                loss=loss, swap_files=swap_files)
 
 
 def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimizer=None,
@@ -88,16 +135,18 @@ def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimi
         times.append(backward_done - start + time.perf_counter() - step_start)
     for h in hooks:
         h.remove()
-    rung = make_rung(name, rank=dist.get_rank(), dtype=dtype, step_times=times, inventory=inventory,
-                     zero=config["zero_optimization"], accelerator=get_accelerator().device_name(),
-                     rss_start=rss_start, peak_rss=peak_rss_bytes(), accelerator_peak=accelerator_bytes()["peak"],
-                     gathered_in_forward=live[0],
+    inner = getattr(engine.optimizer, "optimizer", None)      # the torch optimizer inside a ZeRO wrapper
+    held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None else None)
+    rung = make_rung(name, rank=dist.get_rank(), dtype=dtype, step_times=times, held=held,
+                     accelerator=get_accelerator().device_name(), rss_start=rss_start, peak_rss=peak_rss_bytes(),
+                     accelerator_peak=accelerator_bytes()["peak"], gathered_in_forward=live[0],
                      persistent_numel=sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False)),
-                     optimizer=type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__, loss=loss,
+                     optimizer=type(inner if inner is not None else engine.optimizer).__name__, loss=loss,
                      swap_dir=swap_dir)
     record(rung)
-    rank0_print(f"{name:28s} {rung.step_seconds:6.3f} s/step  device {rung.device_bytes / 2**20:7.1f} MiB  "
-                f"host {rung.host_bytes / 2**20:7.1f} MiB  peak RSS {rung.peak_rss / 2**20:7.1f} MiB")
+    rank0_print(f"{name:28s} {rung.step_seconds:6.3f} s/step  model states {rung.model_state_bytes / 2**20:7.1f} MiB "
+                f"({rung.accelerator} {rung.device_bytes / 2**20:.1f}, host {rung.host_bytes / 2**20:.1f})  "
+                f"peak RSS {rung.peak_rss / 2**20:7.1f} MiB")
     release(engine)
 
 

@@ -1,5 +1,5 @@
-"""Notebook 01 executed with papermill: identities from live ranks on 2 simulated nodes, the ring
-all-reduce checked against dist.all_reduce, and its bytes against 2(N−1)/N·S."""
+"""Notebook 01 executed with papermill: identities from live ranks on 2 simulated nodes, the collectives ZeRO
+calls, the ring all-reduce checked against dist.all_reduce, its bytes against 2(N−1)/N·S and its steps."""
 import pytest
 
 from conftest import run_notebook
@@ -10,16 +10,37 @@ pytestmark = pytest.mark.notebook
 
 def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
-    assert m["multinode_world_size"] == 4
+    assert m["multinode_world_sizes"] == [4], "every rank of 2 nodes × 2 slots must see WORLD_SIZE 4"
     ranks = sorted(m["multinode_ranks"], key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert [(r["node_rank"], r["local_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # the launcher's argument (launch.py) against its environment variable (LOCAL_RANK), both as the rank saw them
+    assert all(r["argv"][0] == f"--local_rank={r['local_rank']}" for r in ranks)
     assert m["backends"]["gloo"] is True
     assert "ok" in m["reduce_scatter_support"] or "all_reduce + slice" in m["reduce_scatter_support"]
+
+    zero = m["zero_collectives"]
+    if m["world_size"] > 1:      # deepspeed 0.19: ZeRO-2 all-reduces its gradient buckets, ZeRO-3 reduce-scatters
+        assert "all_reduce" in zero["2 backward"] and not any("reduce_scatter" in op for op in zero["2 backward"])
+        assert any("reduce_scatter" in op for op in zero["3 backward"])
+        assert any("all_gather" in op for op in zero["3 forward"])
+
     assert m["ring_matches_all_reduce"] is True
-    assert m["ring_world_size"] == 4
+    n = m["ring_world_size"]
+    assert n == 4
     assert m["ring_bytes_expected"] > 0
     assert m["ring_bytes_per_rank"] == pytest.approx(m["ring_bytes_expected"], rel=0.01)
+    at = {(s["rank"], s["step"]): s for s in m["ring_steps"]}
+    assert max(step for _, step in at) == 2 * (n - 1), "2(N−1) send/recv steps per rank"
+    full = 2 ** n - 1
+    for r in range(n):
+        assert at[(r, 0)]["held"] == [2.0 ** r] * n
+        # after the scatter-reduce, rank r holds the complete sum of chunk (r+1) % N, and only that one
+        assert [c for c, v in enumerate(at[(r, n - 1)]["held"]) if v == full] == [(r + 1) % n]
+        assert all(v == full for v in at[(r, 2 * (n - 1))]["held"])
+        for k in range(1, 2 * n - 1):
+            left = at[((r - 1) % n, k)]
+            assert at[(r, k)]["received"] == left["sent"] and left["sent_to"] == r
     times = m["all_reduce_times"]
     assert len(times) >= 4 and all(t["seconds"] > 0 for t in times)
     assert times[-1]["gbytes_per_s"] > times[0]["gbytes_per_s"], "large messages must move more bytes per second"

@@ -46,29 +46,50 @@ def _entry(category: str, nbytes: int, device: str = "cpu") -> TensorEntry:
 INVENTORY = [_entry("params", 400), _entry("grads", 200), _entry("optimizer", 1600), _entry("buffers", 64)]
 
 
+def _held(inventory: list[TensorEntry], optimizer: str = "DeepSpeedZeroOptimizer", inner: str | None = "DeepSpeedCPUAdam"):
+    return scripts.load("04_offload_ladder").holdings(inventory, optimizer, inner)
+
+
+def test_04_holdings_name_deepspeeds_structures():
+    s = scripts.load("04_offload_ladder")
+    inventory = [TensorEntry("optimizer.optimizer.state[<param>]['exp_avg']", "optimizer", "float32", 10, 40, "cpu"),
+                 TensorEntry("optimizer.optimizer.state[<param>]['exp_avg']", "optimizer", "float32", 10, 40, "cpu"),
+                 TensorEntry("optimizer.single_partition_of_fp32_groups[0]", "optimizer", "float32", 10, 40, "cuda:0"),
+                 TensorEntry("module.h.0.attn.c_attn.weight.ds_tensor", "params", "bfloat16", 5, 10, "cuda:0"),
+                 TensorEntry("module.h.0.ln_1.weight", "buffers", "float32", 2, 8, "cuda:0")]
+    held = _held(inventory)
+    assert [(h.state, h.structure, h.device, h.bytes, h.tensors) for h in held] == [
+        ("params", "module parameter.ds_tensor", "cuda", 10, 1),
+        ("optimizer", "DeepSpeedCPUAdam.state[p]['exp_avg']", "cpu", 80, 2),
+        ("optimizer", "DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[i]", "cuda", 40, 1),
+        ("buffers", "module buffer", "cuda", 8, 1)]
+    assert s.structure_name("optimizer.state[<param>]['exp_avg_sq']", "FusedAdam", None) == "FusedAdam.state[p]['exp_avg_sq']"
+
+
 def test_04_rung_record_from_fake_measurements(tmp_path):
     s = scripts.load("04_offload_ladder")
     (tmp_path / "zero_stage_3" / "optimizer").mkdir(parents=True)
     (tmp_path / "zero_stage_3" / "optimizer" / "a.swp").write_bytes(b"")
-    common = dict(rank=0, dtype="fp32", step_times=[0.3, 0.1, 0.2], inventory=INVENTORY, accelerator="cpu",
+    common = dict(rank=0, dtype="fp32", step_times=[0.3, 0.1, 0.2], held=_held(INVENTORY), accelerator="cpu",
                   rss_start=10, peak_rss=30, accelerator_peak=0, gathered_in_forward=0, persistent_numel=0,
                   optimizer="DeepSpeedCPUAdam", loss=1.5)
-    rung = s.make_rung("stage 2 + offload", zero=LADDER["stage 2 + offload"][1], swap_dir=str(tmp_path), **common)
+    rung = s.make_rung("stage 2 + offload", swap_dir=str(tmp_path), **common)
     assert rung.step_seconds == statistics.median([0.3, 0.1, 0.2])
-    assert (rung.device_bytes, rung.host_bytes) == (400, 200 + 1600), "offload_optimizer moves optimizer states and grads"
+    assert rung.model_state_bytes == 400 + 200 + 1600, "buffers are not model states"
+    assert (rung.device_bytes, rung.host_bytes) == (2200, 0), "a CPU-only machine: the accelerator is the CPU"
     assert rung.swap_files == ["zero_stage_3/optimizer/a.swp"]
-    plain_rung = s.make_rung("stage 2", zero={}, **common)
-    assert (plain_rung.device_bytes, plain_rung.host_bytes, plain_rung.swap_files) == (2200, 0, None)
+    assert s.make_rung("stage 2", **common).swap_files is None
     line = json.loads(json.dumps({"name": "rung", "rank": 0, "value": plain(rung)}))   # as the runner reads it back
     assert read_as([line], s.Rung) == [rung]
 
 
 def test_04_gpu_placement_follows_the_tensors_devices():
     s = scripts.load("04_offload_ladder")
-    inventory = [_entry("params", 400, "cuda:0"), _entry("grads", 200, "cpu"), _entry("optimizer", 1600, "cpu")]
-    rung = s.make_rung("stage 2 + offload", rank=0, dtype="bf16", step_times=[1.0], inventory=inventory,
-                       zero=LADDER["stage 2 + offload"][1], accelerator="cuda", rss_start=0, peak_rss=0,
-                       accelerator_peak=0, gathered_in_forward=0, persistent_numel=0, optimizer="x", loss=0.0)
+    inventory = [_entry("params", 400, "cuda:0"), _entry("grads", 200, "cpu"), _entry("optimizer", 1600, "cpu"),
+                 _entry("buffers", 64, "cuda:0")]
+    rung = s.make_rung("stage 2 + offload", rank=0, dtype="bf16", step_times=[1.0], held=_held(inventory),
+                       accelerator="cuda", rss_start=0, peak_rss=0, accelerator_peak=0, gathered_in_forward=0,
+                       persistent_numel=0, optimizer="x", loss=0.0)
     assert (rung.device_bytes, rung.host_bytes) == (400, 1800)
 
 

@@ -1,17 +1,18 @@
 """Distributed basics inside a rank: who it is, which device and backend it uses, every collective
-once, a byte counter for point-to-point traffic, all_reduce timing, and gathering predictions.
+once, which collectives ZeRO's gradient reduction calls, all_reduce timing, and gathering predictions.
+(The ring all-reduce exercise's byte counter and step tracer are in :mod:`course_utils.rank.ring`.)
 
 scripts/00-02 call these in the ranks; the notebook draws their records with
 :mod:`course_utils.views.distributed`.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .record import Record
 
@@ -30,21 +31,24 @@ class Identity(Record, name="identity"):
     master_port: int
     host: str
     pid: int
+    argv: list            # the command-line arguments this rank's script received (sys.argv[1:])
     backend: str | None = None
     device: str | None = None
 
 
 def rank_identity() -> Identity:
-    """Who this process is, as the ``deepspeed`` launcher told it (environment variables).
+    """Who this process is, as the ``deepspeed`` launcher told it (environment variables and arguments).
 
     ``CROSS_RANK`` is the launcher's name for the node rank (``--node_rank``), ``LOCAL_SIZE`` the
-    number of ranks on this node.
+    number of ranks on this node. ``argv`` shows what the launcher passed: ``--local_rank=N`` ahead of
+    the script's own arguments (``deepspeed/launcher/launch.py``), unless it ran with ``--no_local_rank``.
     """
     env = os.environ
     return Identity(node_rank=int(env.get("CROSS_RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
                     rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
                     local_size=int(env.get("LOCAL_SIZE", 1)), master_addr=env.get("MASTER_ADDR"),
-                    master_port=int(env.get("MASTER_PORT", 0)), host=socket.gethostname(), pid=os.getpid())
+                    master_port=int(env.get("MASTER_PORT", 0)), host=socket.gethostname(), pid=os.getpid(),
+                    argv=list(sys.argv[1:]))
 
 
 def backends_available() -> dict[str, bool]:
@@ -172,37 +176,58 @@ def reduce_scatter(t) -> tuple[Any, str]:
     return result, "; ".join(notes)
 
 
-@contextlib.contextmanager
-def count_sent_bytes() -> Iterator[dict[str, int]]:
-    """Count the bytes this rank sends with ``dist.send`` / ``dist.isend`` inside the block.
+@dataclass
+class ZeroCollectives(Record, name="zero_collectives"):
+    """The collectives one phase of a ZeRO training step called on one rank, as DeepSpeed's comms
+    logger saw them (every op that goes through ``deepspeed.comm``)."""
+    stage: int
+    rank: int
+    phase: str            # forward | backward | step
+    calls: dict           # op name → number of calls
 
-    The counter wraps the functions on the ``torch.distributed`` module, so code that calls
-    ``dist.send(...)`` (looked up at call time) is measured without being changed.
+
+def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
+    """Build a small two-layer model with ZeRO ``stage`` and ``"reduce_scatter": true`` (its default),
+    take one training step, and record which collectives each phase (forward, backward, step) called,
+    read from DeepSpeed's comms logger (``deepspeed.comm.configure(enabled=True, prof_all=True)``).
     """
-    import torch.distributed as dist
+    import deepspeed
+    import deepspeed.comm as ds_comm
+    import torch
+    import torch.distributed
+    from deepspeed.comm.comm import comms_logger
 
-    counter = {"bytes": 0, "messages": 0}
-    originals = {name: getattr(dist, name) for name in ("send", "isend")}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
+    zero = {"stage": stage, "reduce_scatter": True}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0       # partition every parameter, however small
+    config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9, "zero_optimization": zero}
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+    rank = torch.distributed.get_rank()
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(rank)).to(engine.device)
+    rows = []
 
-    def counting(fn: Callable) -> Callable:
-        def wrapper(tensor, *args, **kwargs):
-            counter["bytes"] += tensor.numel() * tensor.element_size()
-            counter["messages"] += 1
-            return fn(tensor, *args, **kwargs)
-        return wrapper
+    def logged(phase: str, work: Callable[[], Any]) -> Any:
+        ds_comm.reset_log()
+        ds_comm.configure(enabled=True, prof_all=True, verbose=False)
+        try:
+            out = work()
+        finally:
+            ds_comm.configure(enabled=False)
+        calls = {op: sum(v[0] for v in sizes.values()) for op, sizes in comms_logger.comms_dict.items()}
+        ds_comm.reset_log()
+        rows.append(ZeroCollectives(stage=stage, rank=rank, phase=phase, calls=dict(sorted(calls.items()))))
+        return out
 
-    for name, fn in originals.items():
-        setattr(dist, name, counting(fn))
     try:
-        yield counter
+        loss = logged("forward", lambda: engine(x).pow(2).mean())
+        logged("backward", lambda: engine.backward(loss))
+        logged("step", engine.step)
     finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
-
-
-def ring_bytes_expected(tensor_bytes: int, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-reduce: 2(N−1) steps of one S/N chunk each."""
-    return 2 * (world_size - 1) / world_size * tensor_bytes
+        engine.destroy()
+    return rows
 
 
 @dataclass

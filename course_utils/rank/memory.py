@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from .zero_rules import placement
-
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
 
@@ -119,21 +117,6 @@ def model_state_bytes(inventory: list[TensorEntry], device: str | None = None) -
             out[e.category] += e.nbytes
     out["model_states"] = out["params"] + out["grads"] + out["optimizer"]
     return out
-
-
-# ---------------------------------------------------------------- where the bytes live
-
-def placement_bytes(inventory: list[TensorEntry], zero: dict, accelerator: str) -> dict[str, int]:
-    """Model-state bytes on the accelerator vs in host memory.
-
-    On a GPU the tensors' devices say it. On a CPU machine both places are the same RAM, so the split
-    follows where DeepSpeed was *told* to put each state (:data:`zero_rules.OFFLOAD_MOVES`).
-    """
-    if accelerator != "cpu":
-        return {"device_bytes": model_state_bytes(inventory, device=accelerator)["model_states"],
-                "host_bytes": model_state_bytes(inventory, device="cpu")["model_states"]}
-    split = placement(model_state_bytes(inventory), zero)
-    return {"device_bytes": sum(s["device"] for s in split.values()), "host_bytes": sum(s["host"] for s in split.values())}
 
 
 # ---------------------------------------------------------------- the process's resident memory (Linux)

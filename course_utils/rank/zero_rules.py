@@ -7,8 +7,9 @@ where offload puts them.
   last one, the last two, all three by the number of ranks N.
 * :func:`deepspeed_expected` is that formula with what DeepSpeed 0.19 does differently on purpose.
 * :data:`OFFLOAD_MOVES` says what ``offload_optimizer`` and ``offload_param`` move to the host; the
-  measured placement (notebook 04), the ladder's prediction (notebook 04) and the calculator
-  (notebook 05) all split bytes with :func:`placement`.
+  ladder's prediction (notebook 04) and the calculator (notebook 05) split bytes with :func:`placement`.
+  Notebook 04 measures the placement from the tensors instead (structure and device of each) and its
+  test compares that measurement with this prediction.
 
 Standard library only: the notebook imports it without torch.
 """

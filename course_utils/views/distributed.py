@@ -1,9 +1,11 @@
-"""Notebook 01's tables and figures: the collectives of every rank, the parallelism families, all_reduce timing."""
+"""Notebook 01's tables and figures: the collectives of every rank, the collectives ZeRO calls, the
+parallelism families, the ring all-reduce step by step, all_reduce timing."""
 from __future__ import annotations
 
 from typing import Callable
 
-from ..rank.distributed import COLLECTIVES, AllReduceTime, CollectiveRow
+from ..rank.distributed import COLLECTIVES, AllReduceTime, CollectiveRow, ZeroCollectives
+from ..rank.ring import RingStep
 from ..rank.record import read_as
 
 
@@ -84,5 +86,69 @@ def plot_all_reduce_times(rows: list[AllReduceTime], world_size: int, backend: s
     b.set_title("small messages: latency-bound; large: bandwidth-bound")
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def zero_collectives_table(records: list[dict], rank: int = 0):
+    """The ``zero_collectives`` records of one rank → a DataFrame: one row per (ZeRO stage, phase of the
+    step), one column per collective DeepSpeed's comms logger saw, the number of calls in the cells."""
+    import pandas as pd
+
+    rows = [{"stage": r.stage, "phase": r.phase, **r.calls} for r in read_as(records, ZeroCollectives, rank)]
+    return pd.DataFrame(rows).set_index(["stage", "phase"]).fillna(0).astype(int)
+
+
+def contributors(value: float | None, world_size: int) -> list[int] | None:
+    """The ranks whose contributions a traced ring value holds (rank r added 2**r), or None when the
+    value is not such a sum (a ring that added something twice, say)."""
+    if value is None or value != int(value) or not 0 <= value < 2 ** world_size:
+        return None
+    return [r for r in range(world_size) if int(value) >> r & 1]
+
+
+def plot_ring_steps(steps: list[RingStep], world_size: int):
+    """The ring all-reduce the ranks ran, step by step: one row per rank, one column per step (what the
+    rank held after it), each rank's chunks as boxes coloured by how many ranks' contributions they hold
+    and labelled with those ranks. The chunk a rank sent in that step has an arrow to the rank it went
+    to; the chunk its received message changed has a red frame."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    by = {(s.rank, s.step): s for s in steps}
+    ranks = sorted({s.rank for s in steps})
+    last = max(s.step for s in steps)
+    cmap = plt.get_cmap("YlGnBu")
+    width, gap = 0.36, 0.45
+    fig, ax = plt.subplots(figsize=(1.4 + 1.8 * (last + 1), 1.0 + 0.95 * len(ranks)))
+    for k in range(last + 1):
+        x0 = k * (world_size * width + gap)
+        phase = ("\nscatter-reduce" if k < world_size else "\nall-gather") if last == 2 * (world_size - 1) else ""
+        ax.text(x0 + world_size * width / 2, len(ranks) + 0.15, "start" if k == 0 else f"step {k}{phase}",
+                ha="center", va="bottom", fontsize=8)
+        for row, r in enumerate(ranks):
+            s, before = by.get((r, k)), by.get((r, k - 1))
+            if s is None:
+                continue
+            y = len(ranks) - 1 - row
+            for c, value in enumerate(s.held):
+                who = contributors(value, world_size)
+                changed = before is not None and before.held[c] != value
+                ax.add_patch(Rectangle((x0 + c * width, y + 0.1), width, 0.7,
+                                       facecolor=cmap(0.15 + 0.85 * len(who) / world_size) if who else "#f4a6a6",
+                                       edgecolor="#d62728" if changed else "white", lw=2.4 if changed else 1))
+                ax.text(x0 + (c + 0.5) * width, y + 0.45, "".join(map(str, who)) if who else "?", ha="center",
+                        va="center", fontsize=7, color="white" if who and len(who) > world_size / 2 else "black")
+                if c == s.sent_chunk:
+                    ax.text(x0 + (c + 0.5) * width, y + 0.83, f"→{s.sent_to}", ha="center", va="bottom",
+                            fontsize=7, color="#d95f02", fontweight="bold")
+            if k == 0:
+                ax.text(x0 - 0.1, y + 0.45, f"rank {r}", ha="right", va="center", fontsize=9)
+    ax.set_xlim(-0.9, (last + 1) * (world_size * width + gap))
+    ax.set_ylim(0, len(ranks) + 0.75)
+    ax.axis("off")
+    ax.set_title(f"Ring all-reduce on {world_size} ranks, as the ranks ran it. A box is one chunk, labelled with the "
+                 "ranks whose data it holds;\n→n: the chunk this rank sent to rank n in that step; red frame: the "
+                 "chunk the message it received changed", fontsize=9)
     fig.tight_layout()
     return fig

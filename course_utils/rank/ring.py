@@ -1,0 +1,119 @@
+"""The ring all-reduce exercise inside a rank (notebook 01): count the bytes a rank sends, and trace,
+step by step, which chunk each rank sends and what every chunk holds.
+
+scripts/01_ring.py runs the learner's function under these; the notebook draws the trace with
+:func:`course_utils.views.distributed.plot_ring_steps`.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .record import Record
+
+
+@contextlib.contextmanager
+def _wrapped(module: Any, wrappers: dict[str, Callable[[Callable], Callable]]) -> Iterator[None]:
+    """Replace ``module.<name>`` by ``wrapper(original)`` for each entry inside the block, then restore.
+
+    Code that calls ``dist.send(...)`` looks the function up at call time, so it is observed unchanged.
+    """
+    originals = {name: getattr(module, name) for name in wrappers}
+    for name, wrap in wrappers.items():
+        setattr(module, name, wrap(originals[name]))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(module, name, fn)
+
+
+@contextlib.contextmanager
+def count_sent_bytes() -> Iterator[dict[str, int]]:
+    """Count the bytes this rank sends with ``dist.send`` / ``dist.isend`` inside the block."""
+    import torch.distributed as dist
+
+    counter = {"bytes": 0, "messages": 0}
+
+    def counting(fn: Callable) -> Callable:
+        def wrapper(tensor, *args, **kwargs):
+            counter["bytes"] += tensor.numel() * tensor.element_size()
+            counter["messages"] += 1
+            return fn(tensor, *args, **kwargs)
+        return wrapper
+
+    with _wrapped(dist, {"send": counting, "isend": counting}):
+        yield counter
+
+
+def ring_bytes_expected(tensor_bytes: int, world_size: int) -> float:
+    """Bytes each rank sends in a ring all-reduce: 2(N−1) steps of one S/N chunk each."""
+    return 2 * (world_size - 1) / world_size * tensor_bytes
+
+
+@dataclass
+class RingStep(Record, name="ring_step"):
+    """One rank after one step of its ring (step 0: before the first send). A chunk's value says whose
+    data it holds: rank r started with 2**r in every element."""
+    rank: int
+    step: int
+    sent_chunk: int | None        # which of this rank's chunks it sent in this step (None: not one of them)
+    sent_to: int | None
+    sent: float | None            # the value it sent
+    received_from: int | None
+    received: float | None        # the value it received
+    held: list                    # every chunk's value after the step
+
+
+def _dst(args: tuple, kwargs: dict, key: str) -> int | None:
+    value = args[0] if args else kwargs.get(key)
+    return None if value is None else int(value)
+
+
+def trace_ring(ring_all_reduce: Callable, device: str, elements_per_chunk: int = 2) -> list[RingStep]:
+    """Run ``ring_all_reduce`` on a tensor in which this rank holds 2**rank everywhere, and record a
+    :class:`RingStep` per send: a step starts at a send and ends at the next one (or the return)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensor = torch.full((world * elements_per_chunk,), float(2 ** rank), device=device)
+    base, size = tensor.data_ptr(), tensor.element_size()
+
+    def held() -> list[float]:
+        return [float(tensor[c * elements_per_chunk]) for c in range(world)]
+
+    steps = [RingStep(rank=rank, step=0, sent_chunk=None, sent_to=None, sent=None, received_from=None,
+                      received=None, held=held())]
+    pending: dict[str, Any] = {}          # the current step's received buffer, read when the step ends
+
+    def close_step() -> None:
+        if len(steps) > 1 and not steps[-1].held:
+            buffer = pending.pop("buffer", None)
+            if buffer is not None:
+                steps[-1].received = float(buffer.flatten()[0])
+            steps[-1].held = held()
+
+    def sending(fn: Callable) -> Callable:
+        def wrapper(chunk, *args, **kwargs):
+            close_step()
+            offset = (chunk.data_ptr() - base) // size
+            index = offset // elements_per_chunk if 0 <= offset < tensor.numel() else None
+            steps.append(RingStep(rank=rank, step=len(steps), sent_chunk=index, sent_to=_dst(args, kwargs, "dst"),
+                                  sent=float(chunk.flatten()[0]), received_from=None, received=None, held=[]))
+            return fn(chunk, *args, **kwargs)
+        return wrapper
+
+    def receiving(fn: Callable) -> Callable:
+        def wrapper(buffer, *args, **kwargs):
+            if len(steps) > 1:
+                steps[-1].received_from = _dst(args, kwargs, "src")
+                pending["buffer"] = buffer
+            return fn(buffer, *args, **kwargs)
+        return wrapper
+
+    with _wrapped(dist, {"send": sending, "isend": sending, "recv": receiving, "irecv": receiving}):
+        ring_all_reduce(tensor)
+    close_step()
+    return steps
