@@ -16,7 +16,9 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     assert {(r["world_size"], r["dtype"]) for r in rows} >= {(procs, "fp32"), (procs, "bf16")}
     for ws in {r["world_size"] for r in rows}:      # every rank of every run reported
         for dtype in {r["dtype"] for r in rows if r["world_size"] == ws}:
-            for stage in range(4):
+            stages = sorted({r["stage"] for r in rows if (r["world_size"], r["dtype"]) == (ws, dtype)})
+            assert stages == [0, 1, 2, 3] or (ws != procs and stages == [1, 3]), (ws, dtype, stages)
+            for stage in stages:
                 ranks = sorted(r["rank"] for r in rows if (r["world_size"], r["dtype"], r["stage"]) == (ws, dtype, stage))
                 assert ranks == list(range(ws)), (ws, dtype, stage, ranks)
     for r in rows:
@@ -28,8 +30,9 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     assert by[(procs, "bf16", 3)]["measured_bytes"] == pytest.approx(16 * m["num_params"] / procs, rel=0.01)
     # each stage holds less than the one before (stage 1 = stage 2 at an accumulation boundary)
     for (ws, dtype, stage), r in by.items():
-        if stage:
-            assert r["measured_bytes"] <= by[(ws, dtype, stage - 1)]["measured_bytes"]
+        earlier = [by[(ws, dtype, s)] for s in range(stage) if (ws, dtype, s) in by]
+        if earlier:
+            assert r["measured_bytes"] <= earlier[-1]["measured_bytes"]
     assert m["max_gap_to_adjusted"] < 0.05
     assert m["stage3_shard_numel"] == -(-m["stage3_weight_numel"] // procs)
     # one execution of the notebook, several subjects (each test function would execute it again)

@@ -108,17 +108,9 @@ def plot_zero_memory(rows: list[dict], rank: int = 0):
 def show_deepspeed_source(relpath: str, pattern: str, after: int = 2, limit: int = 2) -> None:
     """Print the lines of the installed DeepSpeed file ``relpath`` that contain ``pattern`` (plus
     ``after`` lines each), with line numbers: the evidence for what the notebook says DeepSpeed does."""
-    import deepspeed
+    from .trainer import show_source
 
-    path = Path(deepspeed.__file__).parent / relpath
-    lines = path.read_text().splitlines()
-    hits = [i for i, line in enumerate(lines) if pattern in line][:limit]
-    if not hits:
-        raise LookupError(f"{pattern!r} not found in {path}: the installed DeepSpeed differs from 0.19.")
-    for i in hits:
-        print(f"deepspeed/{relpath}:{i + 1}")
-        for j in range(i, min(i + 1 + after, len(lines))):
-            print(f"  {j + 1:5d} | {lines[j]}")
+    show_source("deepspeed", relpath, pattern, after=after, limit=limit)
 
 
 # ---------------------------------------------------------------- communication per step
