@@ -146,7 +146,8 @@ def comm_volume_table(rows: list[dict]):
     next to the paper's 2Ψ / 2Ψ / 2Ψ / 3Ψ."""
     import pandas as pd
 
-    table = (pd.DataFrame(rows).pivot_table(index=["world_size", "dtype", "run"], columns="collective",
+    data = pd.DataFrame([r for r in rows if r["collective"] in RING_FACTOR])     # not the metadata broadcasts
+    table = (data.pivot_table(index=["world_size", "dtype", "run"], columns="collective",
                                             values="sent_per_rank_psi", aggfunc="sum", fill_value=0.0))
     table["sent per rank (Ψ)"] = table.sum(axis=1)
     stages = {(r["world_size"], r["dtype"], r["run"]): r["stage"] for r in rows}
