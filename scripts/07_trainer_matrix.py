@@ -9,7 +9,6 @@ argument or config key changed). All combinations run one after another inside t
 Run from a terminal:  deepspeed --num_gpus 2 scripts/07_trainer_matrix.py --deepspeed_config configs/07_trainer_base.json
 """
 import argparse
-import tempfile
 from dataclasses import dataclass
 
 from accelerate.state import AcceleratorState
@@ -18,7 +17,7 @@ from transformers import Trainer
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.record import Record, record
-from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
+from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_config, combo_key, combos, training_arguments
 
 
@@ -45,7 +44,7 @@ def try_combo(base: dict, hf_opt: bool, hf_sched: bool, offload: bool, steps: in
     AcceleratorState._reset_state()      # forget the previous Trainer's DeepSpeed plugin, keep the process group
     try:
         config = {**combo_config(base, hf_opt, hf_sched, offload), **extra_config}
-        targs = training_arguments(output_dir=tempfile.mkdtemp(), deepspeed=config,
+        targs = training_arguments(output_dir=scratch_dir(), deepspeed=config,
                                    per_device_train_batch_size=4, max_steps=steps, learning_rate=1e-3,
                                    warmup_steps=1, lr_scheduler_type="linear", logging_steps=1, save_strategy="no",
                                    **extra_args)

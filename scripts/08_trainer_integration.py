@@ -14,6 +14,7 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/08_trainer_integration.py -
 import argparse
 import copy
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.record import Record, record
-from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
+from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import AutoFill, recording_auto_fills, training_arguments
 
 
@@ -68,7 +69,7 @@ def train(args, deepspeed_config, data) -> tuple[Trainer, list[float]]:
     """One Trainer run; the DeepSpeed plugin of the previous run is forgotten first."""
     AcceleratorState._reset_state()
     make = TrainingArguments if args.plain_training_arguments else training_arguments
-    targs = make(output_dir=tempfile.mkdtemp(), deepspeed=deepspeed_config, **trainer_settings(args))
+    targs = make(output_dir=scratch_dir(), deepspeed=deepspeed_config, **trainer_settings(args))
     rank0_print(f"TrainingArguments: world_size={targs.world_size}, parallel_mode={targs.parallel_mode}")
     trainer = Trainer(model=tiny_gpt2("trainer"), args=targs, train_dataset=data)
     trainer.train()
@@ -95,7 +96,10 @@ def engine_view(engine) -> EngineView:
 
 def zero3_loads() -> None:
     """4 · ZeRO-3: HfDeepSpeedConfig must be alive before from_pretrained."""
-    folder = os.path.join(tempfile.gettempdir(), f"course08-tiny-gpt2-{os.environ.get('MASTER_PORT', '0')}")
+    # one folder every rank can read: the launch's run folder (a temporary one outside the course's runner),
+    # removed again below so that no file outlives the launch
+    base = os.environ.get("COURSE_RUN_DIR") or tempfile.gettempdir()
+    folder = os.path.join(base, f"course08-tiny-gpt2-{os.environ.get('MASTER_PORT', '0')}")
     if dist.get_rank() == 0:
         tiny_gpt2("trainer").save_pretrained(folder)
     dist.barrier()
@@ -108,6 +112,9 @@ def zero3_loads() -> None:
                          ds_numel=getattr(weight, "ds_numel", None),
                          partition_numel=getattr(getattr(weight, "ds_tensor", None), "numel", lambda: None)()))
         del keep_alive
+    dist.barrier()                               # every rank has loaded it
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

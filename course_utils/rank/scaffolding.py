@@ -55,6 +55,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def scratch_dir(prefix: str = "scratch-") -> str:
+    """A new empty folder for files nobody reads afterwards (a Trainer's ``output_dir``, say): inside the
+    launch's run folder under the course's runner, else a temporary folder removed when the rank exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    run_dir = os.environ.get("COURSE_RUN_DIR")
+    if run_dir:
+        Path(run_dir, "scratch").mkdir(parents=True, exist_ok=True)
+        return tempfile.mkdtemp(prefix=prefix, dir=Path(run_dir, "scratch"))
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def rank0_print(*args, **kwargs) -> None:
     """Print only on global rank 0 (other ranks' lines are in their own logs)."""
     if int(os.environ.get("RANK", "0")) == 0:
