@@ -5,7 +5,7 @@ By default it trains a tiny T5 from scratch on the course's synthetic language p
 that lab's real setup (needs the Hugging Face hub). BLEU (sacrebleu) is measured before and after training.
 
 Run from a terminal:
-  deepspeed --num_gpus 2 scripts/10_translation.py --data build/data/translation_8000_200_0 \
+  deepspeed --num_gpus 2 scripts/10_translation.py --data build/data/translation_6000_200_0 \
       --output_dir build/translation --deepspeed_config configs/trainer_zero2_offload.json
 """
 import argparse

@@ -185,3 +185,21 @@ def test_command_returns_output_and_raises_on_a_failure():
     with pytest.raises(CommandError, match="exited with 3") as err:
         command([sys.executable, "-c", "print('oops'); raise SystemExit(3)"])
     assert isinstance(err.value, RuntimeError) and "oops" in str(err.value)
+
+
+def test_rank_hook_asks_cpuinfo_once_per_machine(tmp_path):
+    """DeepSpeed's op builders ask py-cpuinfo twice per op load (each ~1 s of busy clock measurement): the rank
+    hook keeps the answer in $TORCH_EXTENSIONS_DIR and hands it back unchanged."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(environment.RANK_HOOK), "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    ask = "import cpuinfo, json; a = cpuinfo.get_cpu_info(); print(json.dumps([a == cpuinfo.get_cpu_info(), a]))"
+    same, first = json.loads(subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True,
+                                            check=True).stdout)
+    assert same and first["arch"]
+    (cached,) = tmp_path.glob("cpuinfo-*.json")
+    assert json.loads(cached.read_text()) == first
+    cached.write_text(json.dumps({**first, "brand_raw": "read from the cache"}))
+    again = json.loads(subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True,
+                                      check=True).stdout)[1]
+    assert again["brand_raw"] == "read from the cache"

@@ -113,7 +113,7 @@ def train_tokenizer(corpus, vocab_size: int = 2000):
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
-def prepare(train: int = 8000, test: int = 200, seed: int = 0, folder: Path | None = None) -> Path:
+def prepare(train: int = 6000, test: int = 200, seed: int = 0, folder: Path | None = None) -> Path:
     """Build (or reuse) the corpus and tokenizer under ``folder``: ``corpus/`` and ``tokenizer/``.
 
     Done once in the notebook, before any launch, so the ranks only read them (no two ranks write).

@@ -28,3 +28,46 @@ def _record_failure(exc_type, exc, tb):
 
 
 sys.excepthook = _record_failure
+
+
+def _remember_cpu_info():
+    """Ask py-cpuinfo once per machine instead of twice per op load in every rank.
+
+    DeepSpeed's op builders call ``cpuinfo.get_cpu_info()`` twice each time a rank JIT-loads an op
+    (``cpu_arch`` and ``simd_width``, deepspeed/ops/op_builder/builder.py), and every call starts a
+    Python subprocess that busy-waits about a second to measure the clock: ~2.4 s of CPU per rank for
+    each engine with CPU Adam. The answer is the same every time on one machine, so it is kept next to
+    the ops built for this machine (``$TORCH_EXTENSIONS_DIR``) and returned unchanged.
+    """
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    import platform
+    ask = cpuinfo.get_cpu_info
+    folder = os.environ.get("TORCH_EXTENSIONS_DIR")
+    path = os.path.join(folder, f"cpuinfo-{platform.node()}-{platform.machine()}.json") if folder else None
+    memo = {}
+
+    def get_cpu_info():
+        if "info" not in memo:
+            try:
+                with open(path) as f:
+                    memo["info"] = json.load(f)
+            except (TypeError, OSError, ValueError):
+                memo["info"] = ask()
+                if path:
+                    try:
+                        os.makedirs(folder, exist_ok=True)
+                        tmp = f"{path}.{os.getpid()}"
+                        with open(tmp, "w") as f:
+                            json.dump(memo["info"], f)
+                        os.replace(tmp, path)
+                    except OSError:
+                        pass
+        return dict(memo["info"])
+
+    cpuinfo.get_cpu_info = get_cpu_info
+
+
+_remember_cpu_info()
