@@ -30,8 +30,8 @@ class Outcome:
 
 
 def execute(notebook: Path, output: Path, parameters: dict | None = None,
-            cell_timeout: int = CELL_TIMEOUT) -> Outcome:
-    """Run one notebook with papermill (in the notebooks folder, with the course kernel)."""
+            cell_timeout: int = CELL_TIMEOUT, cwd: Path | None = None) -> Outcome:
+    """Run one notebook with papermill (in its folder, or ``cwd``, with the course kernel)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -42,7 +42,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     error = ""
     try:
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {},
-                                   cwd=str(notebook.parent), execution_timeout=cell_timeout,
+                                   cwd=str(cwd or notebook.parent), execution_timeout=cell_timeout,
                                    progress_bar=False, log_output=False)
     except PapermillExecutionError as e:
         error = f"cell {e.exec_count}: {e.ename}: {e.evalue}".strip()

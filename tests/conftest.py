@@ -38,18 +38,57 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+REPLAY = """\
+# Added by the tests: every exercise again with the student edition's source, in this kernel, then its check;
+# the solution is put back after each one. The outcome of each check goes to {out}.
+import json as _json
+_outcomes = {{}}
+for _name, _student, _solution, _check in {exercises!r}:
+    get_ipython().run_cell(_student, store_history=False)
+    _error = get_ipython().run_cell(_check, store_history=False).error_in_exec
+    _outcomes[_name] = type(_error).__name__ if _error is not None else "passed"
+    get_ipython().run_cell(_solution, store_history=False)
+open({out!r}, "w").write(_json.dumps(_outcomes))
+"""
+
+
+def with_student_replay(notebook: Path, out: Path) -> Path:
+    """A copy of ``notebook`` ending in a cell that replays each exercise with the student source (the
+    nbgrader stub) followed by its check cell, in the kernel that has just run the whole notebook."""
+    import nbformat
+
+    from course_utils.student import exercises, student_source
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    replay = [(ex["name"], student_source(nb.cells[ex["cell"]].source), nb.cells[ex["cell"]].source,
+               nb.cells[ex["check"]].source) for ex in exercises(nb)]
+    nb.cells.append(nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, out=str(out))))
+    copy = paths.build_dir() / "with_replay" / notebook.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(copy))
+    return copy
+
+
 def run_notebook(name: str, parameters: dict | None = None, source: Path | None = None) -> dict:
     """Execute notebook ``name`` with the smoke parameters (plus ``parameters``); return its metrics.
 
-    Fails the test with the failing cell and its error when the notebook does not run through.
+    Fails the test with the failing cell and its error when the notebook does not run through. Then, in
+    the same kernel, each exercise's check must raise ``ExerciseNotDone`` on the student edition's source
+    of the exercise (see ``with_student_replay``): the student copy's checks fail without a second run.
     """
     notebook = source or paths.NOTEBOOKS / f"{name}.ipynb"
-    outcome = execute(notebook, paths.build_dir() / "executed" / notebook.name, {**SMOKE, **(parameters or {})},
-                      cell_timeout=CELL_TIMEOUT)
+    outcomes = paths.build_dir() / "replay" / f"{name}.json"
+    outcomes.parent.mkdir(parents=True, exist_ok=True)
+    outcomes.unlink(missing_ok=True)
+    outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
+                      {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
     if not outcome.ok:
         pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"
     assert metrics.exists(), f"{name} ran but recorded no figures to {metrics}"
+    replayed = json.loads(outcomes.read_text())
+    assert replayed and set(replayed.values()) == {"ExerciseNotDone"}, (
+        f"on the student edition every exercise's check must raise ExerciseNotDone; got {replayed}")
     return json.loads(metrics.read_text())
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from course_utils import paths
 from course_utils.nbtools import has_outputs, notebooks
-from course_utils.student import BEGIN, END, strip_solutions
+from course_utils import student
+from course_utils.student import BEGIN, END
 
 NOTEBOOKS = notebooks()
 
@@ -45,8 +46,38 @@ def test_notebook_follows_the_skeleton(path):
     assert exercises == sum(s.count(END) for s in code)
 
 
-def test_strip_solutions_keeps_indentation_and_removes_the_answer():
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exercise_and_check_cells_carry_nbgrader_metadata(path):
+    """Each exercise cell is an nbgrader solution cell and its check cell a locked, autograded test cell,
+    so `nbgrader generate_assignment` / `autograde` work (after an edit: python -m course_utils.student --mark)."""
+    nb = nbformat.read(str(path), as_version=4)
+    found = student.exercises(nb)
+    assert all(ex["check"] is not None for ex in found), f"an exercise without a check cell: {found}"
+    wanted = student.nbgrader_metadata(nb, prefix=path.stem[:2])
+    stored = {i: c.metadata["nbgrader"] for i, c in enumerate(nb.cells) if "nbgrader" in c.metadata}
+    assert stored == wanted, "run: python -m course_utils.student --mark"
+
+
+def test_grade_ids_are_unique_across_the_course():
+    ids = [c.metadata["nbgrader"]["grade_id"] for p in NOTEBOOKS for c in nbformat.read(str(p), as_version=4).cells
+           if "nbgrader" in c.metadata]
+    assert len(ids) == len(set(ids)) >= 2 * len(NOTEBOOKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_student_edition_is_nbgraders_clear_solutions(path, tmp_path):
+    nb = nbformat.read(str(path), as_version=4)
+    solutions = [c.source for c in nb.cells if BEGIN in c.source]
+    copy = nbformat.read(str(student.student_copy(path, tmp_path)), as_version=4)
+    cells = [c.source for c in copy.cells if c.cell_type == "code"]
+    assert not any(BEGIN in s or END in s for s in cells)
+    assert sum(s.count(student.CODE_STUB) for s in cells) == len(solutions)
+    answers = {line.strip() for s in solutions for line in s[s.index(BEGIN):s.index(END)].splitlines()[1:]
+               if len(line.strip()) > 20}
+    assert not any(a in s for a in answers for s in cells), "a solution line survived in the student edition"
+
+
+def test_student_source_keeps_indentation_and_removes_the_answer():
     src = "def f(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\nprint(f)"
-    assert strip_solutions(src) == "def f(x):\n    raise NotImplementedError()\n\nprint(f)"
-    with pytest.raises(ValueError):
-        strip_solutions("### BEGIN SOLUTION\nx = 1\n")
+    assert student.student_source(src) == ("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
+                                           "\nprint(f)")

@@ -1,0 +1,53 @@
+"""The exercise checks: tiered hints, never the expected answer, and unsolved exercises caught before a launch."""
+import pytest
+
+from course_utils import checks
+
+TIERS = ("think about what each rank holds", "rank r holds 1/N of the elements", "count the shards of rank 0")
+
+
+def test_hints_get_more_specific_with_each_failure_and_stay_on_the_last():
+    seen = []
+    for _ in range(4):
+        with pytest.raises(checks.ExerciseCheckError) as err:
+            checks.check(False, TIERS, key="tiers-test")
+        seen.append(str(err.value))
+    assert [s.split(" (")[0] for s in seen] == [TIERS[0], TIERS[1], TIERS[2], TIERS[2]]
+    assert "more specific hint" in seen[0] and "more specific hint" not in seen[3]
+
+
+def test_a_failed_check_never_shows_the_expected_value():
+    def answer(x):
+        return x + 1
+
+    with pytest.raises(checks.ExerciseCheckError) as err:
+        checks.check_function(answer, [((1,), 987654)], hint="add one")
+    assert "987654" not in str(err.value) and "returned 2" in str(err.value)
+    with pytest.raises(checks.ExerciseCheckError) as err:
+        checks.check_close(1.5, 123.25, hint="compare")
+    assert "123.25" not in str(err.value)
+
+
+def test_not_done_shows_the_first_tier_without_using_it_up():
+    def stub(x):
+        raise NotImplementedError()
+
+    for _ in range(2):
+        with pytest.raises(checks.ExerciseNotDone) as err:
+            checks.solution(stub, 1, hint=("first", "second"))
+        assert "Hint: first" in str(err.value)
+
+
+def test_a_stub_is_not_exported_to_the_ranks(tmp_path):
+    def ring(tensor):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    def done(tensor):
+        return tensor
+
+    assert not checks.is_done(ring) and checks.is_done(done)
+    with pytest.raises(checks.ExerciseNotDone):
+        checks.export_function(ring, tmp_path / "ring.py")
+    assert not (tmp_path / "ring.py").exists()
+    assert checks.export_function(done, tmp_path / "done.py").endswith("done.py")
