@@ -42,12 +42,14 @@ REPLAY = """\
 # Added by the tests: every exercise again with the student edition's source, in this kernel, then its check;
 # the solution is put back after each one. The outcome of each check goes to {out}.
 import json as _json
-_outcomes = {{}}
+_ip, _outcomes = get_ipython(), {{}}
+_ip.showtraceback = lambda *a, **k: None      # the expected failures are recorded, not shown as cell errors
 for _name, _student, _solution, _check in {exercises!r}:
-    get_ipython().run_cell(_student, store_history=False)
-    _error = get_ipython().run_cell(_check, store_history=False).error_in_exec
+    _ip.run_cell(_student, store_history=False)
+    _error = _ip.run_cell(_check, store_history=False).error_in_exec
     _outcomes[_name] = type(_error).__name__ if _error is not None else "passed"
-    get_ipython().run_cell(_solution, store_history=False)
+    _ip.run_cell(_solution, store_history=False)
+del _ip.showtraceback
 open({out!r}, "w").write(_json.dumps(_outcomes))
 """
 
