@@ -15,8 +15,8 @@ CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its ow
 
 # Seconds each notebook's tests took with the smoke parameters on 2 CPU cores. `make test` runs the tests
 # on two workers (pytest-xdist); starting the longest first keeps both workers busy to the end.
-SMOKE_SECONDS = {"10": 277, "03": 170, "09": 165, "04": 158, "08": 100, "07": 96, "02": 85, "01": 81,
-                 "05": 75, "00": 41, "06": 31}
+SMOKE_SECONDS = {"10": 259, "03": 171, "09": 151, "04": 116, "08": 98, "02": 79, "07": 76, "01": 73,
+                 "05": 64, "00": 42, "06": 29}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
