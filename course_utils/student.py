@@ -15,10 +15,11 @@ from pathlib import Path
 import nbformat
 
 from . import paths
+from .checks import STUB
 from .nbtools import notebooks
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+CODE_STUB = f"# YOUR CODE HERE\n{STUB}"      # what checks.is_done looks for
 _DEF = re.compile(r"^def (\w+)\(", re.M)
 _CHECK_CALL = r"checks\.(?:check_function|solution|export_function|require_done)\(\s*{name}\b"   # its first argument
 
