@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .views.source import show_source  # noqa: F401  (notebook 09 calls ck.show_source)
+
 # What each file of a DeepSpeed checkpoint holds, matched by name.
 _ROLES = [
     (r"^latest$", "text file with the tag of the newest checkpoint; load_checkpoint(dir) reads it"),
@@ -88,26 +90,6 @@ def side_by_side(*blocks: str, gap: int = 4) -> str:
         cells = [(lines[i] if i < len(lines) else "").ljust(w) for lines, w in zip(split, widths)]
         rows.append((" " * gap).join(cells).rstrip())
     return "\n".join(rows)
-
-
-def show_source(package: str, relpath: str, pattern: str, after: int = 2, limit: int = 1) -> None:
-    """Print the lines of the installed ``package`` file ``relpath`` that contain ``pattern`` (plus
-    ``after`` lines each), with line numbers, e.g. ``show_source("transformers", "trainer.py", ...)``:
-    the evidence for what the notebook says a library does."""
-    import importlib
-
-    module = importlib.import_module(package)
-    path = Path(module.__file__).parent / relpath
-    lines = path.read_text().splitlines()
-    hits = [i for i, line in enumerate(lines) if pattern in line][:limit]
-    if not hits:
-        version = getattr(module, "__version__", "?")
-        raise LookupError(f"{pattern!r} not found in {path}: the installed {package} {version} differs from the "
-                          f"version this notebook was written for.")
-    for i in hits:
-        print(f"{package}/{relpath}:{i + 1}")
-        for j in range(i, min(i + 1 + after, len(lines))):
-            print(f"  {j + 1:5d} | {lines[j]}")
 
 
 def try_weights_only(path: Path | str) -> str:

@@ -3,12 +3,11 @@ the TrainingArguments field that filled it, and what else changed on the way; an
 transformers or accelerate that say so (notebooks 07 and 08)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 from ..configs import auto_keys, leaf_paths
 from ..rank.trainer import AutoFill
+from .source import show_source  # noqa: F401  (notebooks 07 and 08 import it from here)
 
 
 def get_path(config: dict, dotted: str) -> Any:
@@ -35,18 +34,3 @@ def other_changes(written: dict, received: dict) -> dict[str, tuple[Any, Any]]:
             if before.get(k) != "auto" and before.get(k) != after.get(k)}
 
 
-def show_source(package: str, relpath: str, pattern: str, after: int = 2, limit: int = 1) -> None:
-    """Print the lines of the installed ``package``'s file ``relpath`` that contain ``pattern`` (plus ``after``
-    lines each), with line numbers, e.g. ``show_source("accelerate", "utils/deepspeed.py", "optimizer_class =")``."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise LookupError(f"{package!r} is not an installed package")
-    path = Path(next(iter(spec.submodule_search_locations))) / relpath
-    lines = path.read_text().splitlines()
-    hits = [i for i, line in enumerate(lines) if pattern in line][:limit]
-    if not hits:
-        raise LookupError(f"{pattern!r} not found in {path}: the installed {package} differs from the pinned version")
-    for i in hits:
-        print(f"{package}/{relpath}:{i + 1}")
-        for j in range(i, min(i + 1 + after, len(lines))):
-            print(f"  {j + 1:5d} | {lines[j]}")

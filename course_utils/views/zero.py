@@ -7,6 +7,7 @@ from pathlib import Path
 from .. import configs, scripts
 from ..rank.record import read_as
 from ..rank.zero_rules import deepspeed_expected, zero_formula
+from .source import show_source
 
 
 def _script():
@@ -108,8 +109,6 @@ def plot_zero_memory(rows: list[dict], rank: int = 0):
 def show_deepspeed_source(relpath: str, pattern: str, after: int = 2, limit: int = 2) -> None:
     """Print the lines of the installed DeepSpeed file ``relpath`` that contain ``pattern`` (plus
     ``after`` lines each), with line numbers: the evidence for what the notebook says DeepSpeed does."""
-    from .trainer import show_source
-
     show_source("deepspeed", relpath, pattern, after=after, limit=limit)
 
 

@@ -1,0 +1,29 @@
+"""The lines of an installed library that decide what a notebook says it does (every topic quotes them)."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+
+def show_source(package: str, relpath: str, pattern: str, after: int = 2, limit: int = 1) -> None:
+    """Print the lines of the installed ``package``'s file ``relpath`` that contain ``pattern`` (plus ``after``
+    lines each), with line numbers, e.g. ``show_source("accelerate", "utils/deepspeed.py", "optimizer_class =")``:
+    the evidence for what the notebook says a library does. The package is found, not imported."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError(f"{package!r} is not an installed package")
+    path = Path(next(iter(spec.submodule_search_locations))) / relpath
+    lines = path.read_text().splitlines()
+    hits = [i for i, line in enumerate(lines) if pattern in line][:limit]
+    if not hits:
+        try:
+            version = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            version = "?"
+        raise LookupError(f"{pattern!r} not found in {path}: the installed {package} {version} differs from the "
+                          f"version this notebook was written for")
+    for i in hits:
+        print(f"{package}/{relpath}:{i + 1}")
+        for j in range(i, min(i + 1 + after, len(lines))):
+            print(f"  {j + 1:5d} | {lines[j]}")
