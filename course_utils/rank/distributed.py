@@ -189,13 +189,13 @@ class ZeroCollectives(Record, name="zero_collectives"):
 def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
     """Build a small two-layer model with ZeRO ``stage`` and ``"reduce_scatter": true`` (its default),
     take one training step, and record which collectives each phase (forward, backward, step) called,
-    read from DeepSpeed's comms logger (``deepspeed.comm.configure(enabled=True, prof_all=True)``).
+    read from DeepSpeed's comms logger (:mod:`course_utils.rank.comms`: one logging window per phase).
     """
     import deepspeed
-    import deepspeed.comm as ds_comm
     import torch
     import torch.distributed
-    from deepspeed.comm.comm import comms_logger
+
+    from .comms import logged, with_comms_logger
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))
@@ -203,28 +203,23 @@ def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0       # partition every parameter, however small
     config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9, "zero_optimization": zero}
-    engine, *_ = deepspeed.initialize(model=model, config=config,
+    engine, *_ = deepspeed.initialize(model=model, config=with_comms_logger(config),
                                       optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
     rank = torch.distributed.get_rank()
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(rank)).to(engine.device)
     rows = []
 
-    def logged(phase: str, work: Callable[[], Any]) -> Any:
-        ds_comm.reset_log()
-        ds_comm.configure(enabled=True, prof_all=True, verbose=False)
-        try:
+    def phase(name: str, work: Callable[[], Any]) -> Any:
+        with logged() as window:
             out = work()
-        finally:
-            ds_comm.configure(enabled=False)
-        calls = {op: sum(v[0] for v in sizes.values()) for op, sizes in comms_logger.comms_dict.items()}
-        ds_comm.reset_log()
-        rows.append(ZeroCollectives(stage=stage, rank=rank, phase=phase, calls=dict(sorted(calls.items()))))
+        calls = {op: sum(counts.values()) for op, counts in window.messages.items()}
+        rows.append(ZeroCollectives(stage=stage, rank=rank, phase=name, calls=dict(sorted(calls.items()))))
         return out
 
     try:
-        loss = logged("forward", lambda: engine(x).pow(2).mean())
-        logged("backward", lambda: engine.backward(loss))
-        logged("step", engine.step)
+        loss = phase("forward", lambda: engine(x).pow(2).mean())
+        phase("backward", lambda: engine.backward(loss))
+        phase("step", engine.step)
     finally:
         engine.destroy()
     return rows
