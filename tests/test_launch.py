@@ -99,6 +99,7 @@ def test_two_launches_in_parallel_succeed_with_their_own_ports(capsys):
     assert worlds[0]["config"].endswith("configs/zero0.json")
     assert "[rank 0]" in result.log and "[rank 1]" in result.log
     assert (result.run_dir / "launch.log").read_text().strip() == result.log.strip()
+    assert sorted(m.name for m in (result.run_dir / "finished").iterdir()) == ["rank0", "rank1"]   # finish()'s marks
     assert result.command.split("&& ", 1)[1].startswith("deepspeed --num_gpus 2")
     for r in results.values():
         assert not processes_of(r.run_dir)

@@ -203,3 +203,27 @@ def test_rank_hook_asks_cpuinfo_once_per_machine(tmp_path):
     again = json.loads(subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True,
                                       check=True).stdout)[1]
     assert again["brand_raw"] == "read from the cache"
+
+
+def test_supervise_ends_idle_launchers_once_every_rank_finished(tmp_path):
+    """When every rank has passed finish(), the launch is over: a launcher still polling is not waited for."""
+    import subprocess
+    import time
+
+    from course_utils.launch.runner import _supervise
+    from course_utils.launch.streams import Streams
+
+    (tmp_path / "ranks").mkdir()
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    marks = iter([False, False, True])
+    started = time.monotonic()
+    timed_out, finished = _supervise([idle], Streams([idle], tmp_path / "ranks"), lambda lines: None,
+                                     started, 30, lambda: next(marks))
+    assert (timed_out, finished) == (False, True)
+    assert idle.poll() is not None and time.monotonic() - started < 10
+
+    still = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert _supervise([still], Streams([still], tmp_path / "ranks"), lambda lines: None,
+                      time.monotonic(), 30, lambda: False) == (False, False)
+    assert still.returncode == 0

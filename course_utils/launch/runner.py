@@ -24,6 +24,7 @@ from .result import LaunchError, LaunchResult
 from .streams import LearnerFilter, Streams
 
 from ..rank.record import read_records
+from ..rank.scaffolding import FINISHED_DIR
 
 
 def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, config: dict | str | Path | None = None,
@@ -83,7 +84,8 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
         launchers = start_launchers(commands, paths.ROOT, environment)
         watchdog = start_watchdog(launchers, port)
         streams = Streams(launchers, run_dir / "ranks")
-        timed_out = _supervise(launchers, streams, emit, started, options.timeout)
+        all_finished = lambda: len(list((run_dir / FINISHED_DIR).glob("rank*"))) >= options.world_size
+        timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout, all_finished)
     except BaseException:
         kill_group(launchers)
         raise
@@ -96,7 +98,7 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     signal_groups(launchers, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
     seconds = time.monotonic() - started
     codes = [p.returncode for p in launchers]
-    returncode = 124 if timed_out else next((c for c in codes if c != 0), 0)
+    returncode = 124 if timed_out else 0 if finished else next((c for c in codes if c != 0), 0)
     (run_dir / "launch.log").write_text("\n".join(log_lines) + "\n")
     hidden = 0 if options.verbose else shown_filter.hidden
     result = LaunchResult(returncode=returncode, log="\n".join(log_lines), records=read_records(run_dir),
@@ -112,18 +114,27 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
 
 
 def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callable[[list[str]], None],
-               started: float, timeout: float) -> bool:
+               started: float, timeout: float, all_finished: Callable[[], bool]) -> tuple[bool, bool]:
     """Stream until every launcher has exited; end the launch early on a failed node or the timeout.
 
-    Returns whether the timeout ended it. A node whose launcher failed ends the others too, since
-    their ranks would wait forever in a collective for the ranks that are gone.
+    Returns (whether the timeout ended it, whether every rank finished). A node whose launcher failed
+    ends the others too, since their ranks would wait forever in a collective for the ranks that are
+    gone. Once every rank has passed ``scaffolding.finish()`` (its output flushed, its mark in the run
+    folder) the launch is complete: the launchers, idle in DeepSpeed's once-a-second polling loop and
+    their own shutdown (2–3 s), are ended at once.
     """
-    timed_out = False
+    timed_out = finished = False
     while True:
         streams.poll_rank_logs()
         emit(streams.drain())
         codes = [p.poll() for p in launchers]
         if all(c is not None for c in codes):
+            break
+        if all_finished():
+            finished = True
+            signal_groups(launchers, signal.SIGKILL)
+            for p in launchers:
+                p.wait()
             break
         if any(c not in (None, 0) for c in codes):   # one simulated node failed: its peers would hang
             kill_group(launchers)
@@ -137,4 +148,4 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
         t.join(timeout=5)
     streams.poll_rank_logs(final=True)
     emit(streams.drain())
-    return timed_out
+    return timed_out, finished

@@ -10,6 +10,8 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
+FINISHED_DIR = "finished"   # finish() marks each rank that got to the end here, in the launch's run folder
+
 
 def parse_args(parser: argparse.ArgumentParser | None = None, argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the script's own options plus what the launcher adds (``--local_rank``) and the
@@ -86,6 +88,10 @@ def finish() -> None:
     during finalization, and gloo's worker threads occasionally abort there ("terminate called
     without an active exception"), failing a launch whose work had finished. ``atexit``
     handlers, logging and the standard streams are flushed first, so nothing is lost.
+
+    Under the course's runner it then leaves a mark in the run folder (``finished/rank<N>``), so the
+    runner can end the launch as soon as every rank has finished rather than wait for the launcher's
+    own once-a-second polling and shutdown.
     """
     import atexit
     import logging
@@ -100,4 +106,11 @@ def finish() -> None:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    run_dir = os.environ.get("COURSE_RUN_DIR")
+    if run_dir:        # tells the course's runner that this rank's work is complete (see FINISHED_DIR there)
+        try:
+            Path(run_dir, FINISHED_DIR).mkdir(exist_ok=True)
+            Path(run_dir, FINISHED_DIR, f"rank{os.environ.get('RANK', '0')}").touch()
+        except OSError:
+            pass
     os._exit(0)
