@@ -109,6 +109,15 @@ def require_done(fn: Callable, hint: "str | Sequence[str]") -> None:
         raise _not_done(fn, hint)
 
 
+def answer_or(fn: Callable, *args: Any, fallback: Any, instead: str) -> Any:
+    """The learner's answer ``fn(*args)`` once the exercise is written, else ``fallback`` and one line saying
+    what happens ``instead``: the cells after an unsolved exercise run on (its check still fails)."""
+    if is_done(fn):
+        return fn(*args)
+    print(f"⏭  {_name(fn)} not written yet: {instead} (its check fails until you write yours)")
+    return fallback
+
+
 def export_done(fns: "Sequence[Callable]", folder: "Path | str") -> list[str]:
     """Export the exercise functions the learner has written (one file each, see :func:`export_function`);
     for the others the ranks use the course's own code, and one line says so."""

@@ -138,6 +138,8 @@ def main(argv=None) -> None:
     model = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS, seed=args.seed)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     batch_size = engine.train_micro_batch_size_per_gpu()
+    record("batch_sizes", {"micro": batch_size, "accumulation": engine.gradient_accumulation_steps(),
+                           "global": engine.train_batch_size()})   # what DeepSpeed made of the config
     rank0_print(f"{count_parameters(model):,} parameters, vocabulary {len(tokenizer)}, {len(train_set)} train / "
                 f"{len(eval_set)} eval examples, micro batch {batch_size} per rank × {world} ranks")
 

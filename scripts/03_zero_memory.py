@@ -17,7 +17,7 @@ from course_utils.rank.engine import accelerator_bytes, ds_config, forward_backw
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import count_parameters, tiny_gpt2
 from course_utils.rank.record import Record, record
-from course_utils.rank.scaffolding import finish, parse_args, rank0_print
+from course_utils.rank.scaffolding import finish, parse_args, rank0_print, read_config
 
 
 @dataclass
@@ -33,6 +33,16 @@ class ZeroMemory(Record, name="zero_memory"):
     optimizer_class: str
     persistent_numel: int         # stage 3: elements of the parameters kept whole on every rank
     grad_partition_numel: int     # stage 1/2: elements of the whole parameters touching this rank's partition
+
+
+@dataclass
+class YourConfig(Record, name="your_config"):
+    """Rank 0's model states under a config the learner wrote (``--yours``), measured like the others."""
+    stage: int
+    dtype: str
+    world_size: int
+    num_params: int
+    measured: dict                # model_state_bytes: params, grads, optimizer, buffers, model_states
 
 
 @dataclass
@@ -261,6 +271,23 @@ def show_partitions() -> None:
     release(engine)
 
 
+def measure_yours(path: str) -> None:
+    """The learner's config as written: the same model, step and measuring point as :func:`measure`."""
+    model = tiny_gpt2("zero_lab")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=read_config(path))
+    forward_backward(engine, 0)
+    engine.step()
+    forward_backward(engine, 1)
+    measured = model_state_bytes(tensor_inventory(engine))
+    dtype = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+    if dist.get_rank() == 0:
+        record(YourConfig(stage=engine.zero_optimization_stage(), dtype=dtype, world_size=dist.get_world_size(),
+                          num_params=count_parameters(model), measured=measured))
+    rank0_print(f"your config: stage {engine.zero_optimization_stage()} {dtype}: "
+                + "  ".join(f"{k}={v / 2**20:7.1f} MiB" for k, v in measured.items()))
+    release(engine)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
@@ -270,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--regather", action="store_true", help="also stage 3 with parameters released after use")
     parser.add_argument("--grad_peaks", action="store_true", help="also the gradient bytes during backward, "
                         "stages 1-2, gradient_accumulation_steps 1 and 2")
+    parser.add_argument("--yours", help="also a config file of your own, measured the same way")
     return parser
 
 
@@ -279,6 +307,8 @@ def main(argv=None) -> None:
     for dtype in args.dtypes:
         for stage in args.stages:
             measure(stage, dtype)
+    if args.yours:
+        measure_yours(args.yours)
     if args.regather:
         regather_comms(args.dtypes[0])
     if args.grad_peaks:

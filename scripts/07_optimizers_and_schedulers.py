@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=40, help="steps of each scheduler run")
     parser.add_argument("--warmup", type=int, default=10, help="warm-up steps of the warm-up schedulers")
     parser.add_argument("--optimizer_steps", type=int, default=5, help="training steps of each optimizer")
+    parser.add_argument("--only_config_scheduler", action="store_true",
+                        help="only the config's own \"scheduler\" section (recorded as \"yours\"), no optimizers")
     return parser
 
 
@@ -94,7 +96,7 @@ def main(argv=None) -> None:
     device = get_accelerator().current_device_name()
     base = load_config(args)
 
-    for label in OPTIMIZERS:
+    for label in () if args.only_config_scheduler else OPTIMIZERS:
         outcome = try_optimizer(base, label, args.optimizer_steps, device)
         record(outcome)
         if outcome.outcome == "ok":
@@ -103,7 +105,8 @@ def main(argv=None) -> None:
         else:
             rank0_print(f"{label:24s} {outcome.outcome}: {outcome.error}")
 
-    for label, section in scheduler_sections(args.steps, args.warmup).items():
+    sections = {"yours": base["scheduler"]} if args.only_config_scheduler else scheduler_sections(args.steps, args.warmup)
+    for label, section in sections.items():
         engine, *_ = deepspeed.initialize(model=tiny_mlp(), config=scheduler_config(base, section))
         lrs, betas = [], []
         for _ in range(args.steps):

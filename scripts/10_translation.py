@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from course_utils.rank import translation as tr
 from course_utils.rank.record import Record, record
@@ -45,6 +45,19 @@ def model_and_data(args):
     return tokenizer, tr.tiny_t5(tokenizer, seed=0), load_from_disk(str(Path(args.data) / "corpus"))
 
 
+class StopAfterEpochs(TrainerCallback):
+    """End training after ``epochs`` epochs of a longer run: the learning-rate schedule is the full run's,
+    so the steps taken are exactly the first steps of the full run."""
+
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if state.epoch is not None and state.epoch >= self.epochs - 1e-9:
+            control.should_training_stop = True
+        return control
+
+
 def first(split, n: int | None):
     """The first ``n`` examples of a split (all of them when ``n`` is None)."""
     return split.select(range(min(n, len(split)))) if n else split
@@ -71,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_train_samples", type=int, default=None)
     parser.add_argument("--max_eval_samples", type=int, default=None)
     parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--stop_after_epochs", type=int, default=None,
+                        help="end training after this many of the --epochs (the schedule stays that of the whole run)")
+    parser.add_argument("--skip_bleu_before", action="store_true", help="do not score the untrained model")
     parser.add_argument("--batch_size", type=int, default=32, help="per device")
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--warmup_steps", type=int, default=50)
@@ -100,7 +116,7 @@ def main(argv=None) -> None:
         record("translations", texts)
         return {"bleu": tr.bleu(texts, references[:len(texts)])}
 
-    if int(os.environ.get("RANK", 0)) == 0:
+    if int(os.environ.get("RANK", 0)) == 0 and not args.skip_bleu_before:
         # The Trainer's evaluate() before train() takes DeepSpeed's inference path, which accepts ZeRO-3 only
         # (and drops the optimizer from the config): so the untrained model is scored with plain transformers.
         sources = [args.source_prefix + ex[args.source_lang] for ex in eval_raw["translation"]]
@@ -116,7 +132,8 @@ def main(argv=None) -> None:
         predict_with_generate=True, generation_max_length=args.max_length, generation_num_beams=1, seed=0)
     trainer = Seq2SeqTrainer(model=model, args=targs, train_dataset=train_set, eval_dataset=eval_set,
                              data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-                             processing_class=tokenizer, compute_metrics=compute_metrics)
+                             processing_class=tokenizer, compute_metrics=compute_metrics,
+                             callbacks=[StopAfterEpochs(args.stop_after_epochs)] if args.stop_after_epochs else None)
 
     result = trainer.train()
     record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])

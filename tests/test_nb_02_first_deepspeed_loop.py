@@ -1,4 +1,4 @@
-"""Notebook 02 executed with papermill: the seed's sampler bug measured, the fixed loop learning well above
+"""Notebook 02 executed with papermill: DeepSpeed's own batch-size assertion met and fixed, the seed's sampler bug measured, the fixed loop learning well above
 chance, each evaluation example counted once, and the checkpoint reproducing the accuracy."""
 import pytest
 
@@ -19,3 +19,6 @@ def test_notebook_runs_and_records_its_figures():
     assert m["fresh_accuracy"] < 0.45, "a fresh engine with new random weights should be near chance before loading"
     assert m["reload_same_predictions"] is True
     assert m["reload_accuracy"] == m["eval_accuracy"]
+    assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 64 != 32 * 4 *" \
+        in m["deepspeed_refused"], "the broken config must meet DeepSpeed's own assertion (pre-check off)"
+    assert m["tutorial_batch_sizes"] == {"micro": 32, "accumulation": 4, "global": 32 * 4 * world}, "the fixed config ran"

@@ -18,6 +18,8 @@ def test_notebook_runs_and_records_its_figures():
     assert set(m["combo_matrix"]) == matrix | {SGD, KEEP_TORCH}
     assert all(v == "ok" for v in m["combo_matrix"].values()), m["combo_matrix"]
     assert m["matrix_world_size"] == [hardware.detect().default_procs], "the Trainer must see every rank"
+    assert m["linear_like_hf_max_gap"] <= 1e-9, "exercise 2's section follows HF's linear schedule one step later"
+    assert m["linear_like_hf_world_size"] == hardware.detect().default_procs
 
     # which optimizer steps: DeepSpeed's config path, and accelerate's swap of an HF optimizer under offload
     classes, adamw = m["combo_optimizer_classes"], m["combo_adam_w_mode"]
