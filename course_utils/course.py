@@ -2,14 +2,21 @@
 
 ``make course`` runs ``python -m course_utils.course run``. A failing notebook is reported with its
 failing cell and the run goes on with the rest; the exit status is non-zero if any failed.
+
+Notebooks run two at a time (``--lanes``), each in its own kernel and its own ranks, except those whose
+metadata says ``"course": {"runs_alone": "<why>"}``: their figures include timings (all_reduce times,
+step times), which a neighbour would distort, so they run when nothing else does. The report names the
+notebooks that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +34,8 @@ class Outcome:
     output: Path
     error: str = ""
     metrics: dict = field(default_factory=dict)
+    started: float = 0.0          # time.time() at the start and the end: which notebooks ran side by side
+    ended: float = 0.0
 
 
 def execute(notebook: Path, output: Path, parameters: dict | None = None,
@@ -38,7 +47,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     output.parent.mkdir(parents=True, exist_ok=True)
     metrics_file = paths.metrics_dir() / f"{notebook.stem}.json"
     metrics_file.unlink(missing_ok=True)     # the report shows this run's figures only, never stale ones
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     error = ""
     try:
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {},
@@ -49,7 +58,8 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     except Exception as e:  # a dead kernel, a timeout: reported, and the course goes on
         error = f"{type(e).__name__}: {e}"
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
-    return Outcome(notebook.stem, not error, time.monotonic() - started, output, error, metrics)
+    return Outcome(notebook.stem, not error, time.monotonic() - started, output, error, metrics,
+                   wall_started, time.time())
 
 
 def to_html(executed: Path, html_dir: Path) -> None:
@@ -65,11 +75,27 @@ def _figure(value: object, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def beside(o: Outcome, outcomes: list[Outcome]) -> list[str]:
+    """The notebooks that ran while ``o`` ran."""
+    return [b.name for b in outcomes if b is not o and b.started < o.ended and o.started < b.ended]
+
+
+def runs_alone(notebook: Path) -> str:
+    """Why ``notebook`` must run with nothing beside it (its metadata ``course.runs_alone``), or ""."""
+    return json.loads(notebook.read_text()).get("metadata", {}).get("course", {}).get("runs_alone", "")
+
+
+def may_start(notebook: Path, running: list[Path], alone: set[Path], lanes: int) -> bool:
+    """Whether ``notebook`` may start now: a lane is free, and neither it nor a running one must run alone."""
+    return len(running) < lanes and not (running and (notebook in alone or any(nb in alone for nb in running)))
+
+
 def report(outcomes: list[Outcome]) -> str:
     lines = ["# DeepSpeed course — run report", "",
              f"{sum(o.ok for o in outcomes)}/{len(outcomes)} notebooks passed.", "",
-             "| notebook | status | wall time |", "|---|---|---|"]
-    lines += [f"| {o.name} | {'ok' if o.ok else 'FAILED'} | {o.seconds:.0f} s |" for o in outcomes]
+             "| notebook | status | wall time | ran beside |", "|---|---|---|---|"]
+    lines += [f"| {o.name} | {'ok' if o.ok else 'FAILED'} | {o.seconds:.0f} s | {', '.join(beside(o, outcomes)) or '—'} |"
+              for o in outcomes]
     for o in outcomes:
         lines += ["", f"## {o.name}", ""]
         if o.error:
@@ -82,19 +108,40 @@ def report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(selected: list[str] | None = None, smoke: bool = False) -> int:
+def _run_one(notebook: Path, smoke: bool) -> Outcome:
+    """Execute one notebook and render its HTML (in a worker process of :func:`run`)."""
+    o = execute(notebook, paths.build_dir() / "executed" / notebook.name, {"SMOKE": True} if smoke else None)
+    try:
+        to_html(o.output, paths.build_dir() / "html")
+    except Exception as e:  # a notebook that failed early may not render; the report still says why
+        print(f"  ({o.name}: no HTML: {e})", flush=True)
+    return o
+
+
+def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) -> int:
     build = paths.build_dir()
     chosen = [nb for nb in notebooks() if not selected or any(nb.stem.startswith(s) for s in selected)]
-    outcomes = []
-    for nb in chosen:
-        print(f"▶ {nb.stem} ...", flush=True)
-        o = execute(nb, build / "executed" / nb.name, {"SMOKE": True} if smoke else None)
-        try:
-            to_html(o.output, build / "html")
-        except Exception as e:  # a notebook that failed early may not render; the report still says why
-            print(f"  (no HTML: {e})")
-        print(f"  {'ok' if o.ok else 'FAILED ' + o.error.splitlines()[0][:200]} in {o.seconds:.0f} s", flush=True)
-        outcomes.append(o)
+    alone = {nb for nb in chosen if lanes > 1 and runs_alone(nb)}
+    queue = [nb for nb in chosen if nb not in alone] + [nb for nb in chosen if nb in alone]   # pairs first
+    outcomes: list[Outcome] = []
+    with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
+        running: dict = {}
+        while queue or running:
+            while queue and may_start(queue[0], list(running.values()), alone, lanes):
+                nb = queue.pop(0)
+                print(f"▶ {nb.stem} ...{' (alone: ' + runs_alone(nb) + ')' if nb in alone else ''}", flush=True)
+                running[pool.submit(_run_one, nb, smoke)] = nb
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                nb = running.pop(future)
+                try:
+                    o = future.result()
+                except Exception as e:     # the worker process itself died: reported, and the course goes on
+                    o = Outcome(nb.stem, False, 0.0, build / "executed" / nb.name, f"{type(e).__name__}: {e}")
+                print(f"  {o.name}: {'ok' if o.ok else 'FAILED ' + o.error.splitlines()[0][:200]} in {o.seconds:.0f} s",
+                      flush=True)
+                outcomes.append(o)
+    outcomes.sort(key=lambda o: o.name)
     (build / "report.md").write_text(report(outcomes))
     print(f"Report: {paths.relative(build / 'report.md')}; executed notebooks in {paths.relative(build / 'executed')}/, "
           f"HTML in {paths.relative(build / 'html')}/")
@@ -107,5 +154,7 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="*", help="notebook prefixes, e.g. 00 03")
     parser.add_argument("--smoke", action="store_true", default=os.environ.get("COURSE_SMOKE") == "1",
                         help="run with SMOKE=True (the test parameters)")
+    parser.add_argument("--lanes", type=int, default=int(os.environ.get("COURSE_LANES", 2)),
+                        help="notebooks run at the same time (1: one after another, for per-notebook timings)")
     a = parser.parse_args()
-    sys.exit(run(a.only, a.smoke))
+    sys.exit(run(a.only, a.smoke, a.lanes))

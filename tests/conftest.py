@@ -71,6 +71,21 @@ def with_student_replay(notebook: Path, out: Path) -> Path:
     return copy
 
 
+def processes_of(run_dir: Path) -> list:
+    """Live processes that belong to a launch: their command line or environment names its run folder."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run_dir) in a for a in p.info["cmdline"] or []) or \
+                    p.environ().get("COURSE_RUN_DIR") == str(run_dir):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 def run_notebook(name: str, parameters: dict | None = None, source: Path | None = None) -> dict:
     """Execute notebook ``name`` with the smoke parameters (plus ``parameters``); return its metrics.
 
@@ -82,8 +97,11 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     outcomes = paths.build_dir() / "replay" / f"{name}.json"
     outcomes.parent.mkdir(parents=True, exist_ok=True)
     outcomes.unlink(missing_ok=True)
+    runs_before = set(paths.runs_dir().glob("*")) if paths.runs_dir().exists() else set()
     outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
                       {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
+    leftover = [p.pid for run in set(paths.runs_dir().glob("*")) - runs_before for p in processes_of(run)]
+    assert not leftover, f"{name}: processes of its launches outlived the notebook: {leftover}"
     if not outcome.ok:
         pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"

@@ -8,42 +8,19 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import processes_of
 from course_utils import hardware, launch
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def processes_of(run_dir: Path) -> list[psutil.Process]:
-    """Live processes that belong to a launch: their command line or environment names its run folder."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(run_dir) in a for a in p.info["cmdline"] or []) or \
-                    p.environ().get("COURSE_RUN_DIR") == str(run_dir):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
-
-
-def test_failing_rank_is_named_while_its_peer_waits_in_a_collective():
-    started = time.monotonic()
-    with pytest.raises(launch.LaunchError) as err:
-        launch.deepspeed(SCRIPTS / "fail_rank1.py", procs=2, timeout=90, quiet=True)
-    assert time.monotonic() - started < 90, "the waiting rank kept the launch alive until the timeout"
-    message = str(err.value)
-    assert message.startswith("Rank 1 failed")
-    assert "deliberate failure on rank 1" in message
-    assert not processes_of(err.value.result.run_dir)
-
-
 def test_hung_launch_is_killed_at_the_timeout():
     started = time.monotonic()
     with pytest.raises(launch.LaunchError) as err:
-        launch.deepspeed(SCRIPTS / "sleep_forever.py", procs=2, timeout=12, quiet=True)
+        launch.deepspeed(SCRIPTS / "sleep_forever.py", procs=2, timeout=6, quiet=True)
     elapsed = time.monotonic() - started
-    assert 12 <= elapsed < 40
-    assert "timed out after 12 s" in str(err.value)
+    assert 6 <= elapsed < 30
+    assert "timed out after 6 s" in str(err.value)
     assert err.value.result.returncode == 124
     assert not processes_of(err.value.result.run_dir), "a rank survived the timeout"
 

@@ -19,6 +19,8 @@ def test_notebook_runs_and_records_its_figures():
     assert m["accelerator"] == hardware.detect().accelerator
     assert m["all_reduce_sum"] == procs * (procs + 1) / 2
     assert "cpu_adam" in m["ops_compatible"]
+    # rank 1 raised while rank 0 waited in all_reduce: the error names rank 1 and shows its own traceback
+    assert m["failure_first_line"].startswith("Rank 1 failed") and m["failure_names_cause"] is True
 
 
 def test_every_check_fails_on_the_student_copy(tmp_path):

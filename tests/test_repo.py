@@ -1,5 +1,6 @@
 """Rules of the repository: stored notebooks are clean and follow the skeleton, pins agree."""
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -81,3 +82,20 @@ def test_student_source_keeps_indentation_and_removes_the_answer():
     src = "def f(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\nprint(f)"
     assert student.student_source(src) == ("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
                                            "\nprint(f)")
+
+
+def test_course_runs_notebooks_side_by_side_except_those_that_must_run_alone():
+    from course_utils import course
+
+    a, b, timed = Path("a.ipynb"), Path("b.ipynb"), Path("t.ipynb")
+    assert course.may_start(a, [], {timed}, 2) and course.may_start(b, [a], {timed}, 2)
+    assert not course.may_start(b, [a, timed], set(), 2), "two lanes at most"
+    assert not course.may_start(timed, [a], {timed}, 2), "a timed notebook waits until it is alone"
+    assert not course.may_start(a, [timed], {timed}, 2), "nothing starts beside a timed notebook"
+    assert course.may_start(timed, [], {timed}, 2)
+    assert not course.may_start(b, [a], set(), 1), "--lanes 1: one at a time"
+    runs = [course.Outcome("a", True, 5, a, started=0, ended=5), course.Outcome("b", True, 4, b, started=3, ended=7),
+            course.Outcome("t", True, 2, timed, started=7, ended=9)]
+    assert [course.beside(o, runs) for o in runs] == [["b"], ["a"], []]
+    timing = {nb.stem for nb in NOTEBOOKS if course.runs_alone(nb)}
+    assert {"01_distributed_concepts", "04_offload_and_infinity", "10_capstone_translation"} <= timing
