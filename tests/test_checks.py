@@ -51,3 +51,23 @@ def test_a_stub_is_not_exported_to_the_ranks(tmp_path):
         checks.export_function(ring, tmp_path / "ring.py")
     assert not (tmp_path / "ring.py").exists()
     assert checks.export_function(done, tmp_path / "done.py").endswith("done.py")
+
+
+def test_cells_after_an_unsolved_exercise_run_on_the_course_answer(tmp_path, capsys):
+    def fixed_config(broken):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    def solved(broken):
+        return {**broken, "stage": 2}
+
+    course = {"stage": 1}
+    assert checks.answer_or(fixed_config, {"stage": 0}, fallback=course, instead="this launch uses the course's config") is course
+    line = capsys.readouterr().out
+    assert line.startswith("⏭  fixed_config not written yet: this launch uses the course's config") and "check fails" in line
+    assert checks.answer_or(solved, {"stage": 0}, fallback=course, instead="-") == {"stage": 2}
+    assert capsys.readouterr().out == ""
+    with pytest.raises(checks.ExerciseNotDone):          # its check still fails until the learner writes it
+        checks.require_done(fixed_config, hint="write it")
+    assert checks.export_done((fixed_config, solved), tmp_path) == [str(tmp_path / "solved.py")]
+    assert "not written yet: fixed_config" in capsys.readouterr().out

@@ -1,8 +1,10 @@
 """Notebook 06 executed with papermill; the dtypes, the bytes on the wire, the overflows, the loss-scale curve
-and the engine's learning rate it measured, asserted against what DeepSpeed's code does."""
+and the engine's learning rate it measured, asserted against what DeepSpeed's code does. Its student copy
+(nbgrader's ClearSolutions) runs to the end: the launch cell, which records the learner's prediction, runs
+without one; each check raises ExerciseNotDone; every other cell succeeds."""
 import pytest
 
-from conftest import run_notebook
+from conftest import run_notebook, student_errors
 from course_utils import configs, hardware
 
 NAME = "06_mixed_precision"
@@ -112,3 +114,11 @@ def test_notebook_runs_and_records_its_figures():
     assert m["amp_config_error"].startswith("DeepSpeedConfigError: NVIDIA Apex AMP integration has been removed")
     assert "torch_autocast" in m["amp_config_error"]
     assert m["nan_pitfall"] == {"float32": True, "bfloat16": True, "float16": False}
+
+
+def test_every_check_fails_on_the_student_copy(tmp_path):
+    exercises, errors = student_errors(NAME, tmp_path)
+    assert exercises >= 2
+    assert errors == ["ExerciseNotDone"] * exercises, (
+        f"each of the {exercises} exercises must fail its check on the student copy and every other cell must "
+        f"succeed there; cells raised {errors}")

@@ -77,6 +77,14 @@ def start_launchers(commands: list[list[str]], cwd: Path, env: Mapping[str, str]
 _WATCHDOG = """
 import glob, os, signal, sys, time
 parent, shm, groups = int(sys.argv[1]), sys.argv[2], [int(g) for g in sys.argv[3:]]
+def alive(g):
+    try:
+        os.killpg(g, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
 def end(*_):
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for g in groups:
@@ -84,7 +92,9 @@ def end(*_):
                 os.killpg(g, sig)
             except OSError:
                 pass
-        time.sleep(3)
+        deadline = time.time() + 3
+        while time.time() < deadline and any(alive(g) for g in groups):
+            time.sleep(0.1)
     for path in glob.glob(shm):
         try:
             os.unlink(path)
