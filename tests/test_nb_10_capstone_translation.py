@@ -13,13 +13,13 @@ def test_notebook_runs_and_records_its_figures():
     assert m["world_size"] == hardware.detect().default_procs
     assert m["rule_bleu"] == pytest.approx(100.0, abs=0.1)
     assert m["bleu_before"] < 5, "an untrained model cannot translate"
-    assert m["bleu_after_zero3"] >= m["bleu_before"] + 5, f"training must raise BLEU clearly ({m})"
-    # The ZeRO-2 run is the first epoch of the same training: the same losses at the same steps, up to rounding.
-    assert m["zero2_steps"] * m["epochs"] == m["steps"]
+    assert m["bleu_after_zero2"] >= m["bleu_before"] + 5, f"training must raise BLEU clearly ({m})"
+    # The ZeRO-3 run is the first epoch of the same training: the same losses at the same steps, up to rounding.
+    assert m["zero3_steps"] * m["epochs"] == m["steps"]
     assert len(m["zero2_zero3_loss_steps"]) >= 3
     assert m["zero2_zero3_loss_gap"] < 1e-3, m["zero2_zero3_loss_gap"]
     # The hand-off generates with the ranks' settings on the ranks' examples: every translation equal, the same BLEU.
     assert m["handoff_compared"] == m["eval_examples"] > 0, "the ranks must record every translation they scored"
     assert m["handoff_same_translations"] == m["handoff_compared"], "the handed-off model must translate as in the ranks"
     assert m["export_matches_checkpoint"] is True
-    assert m["handoff_bleu"] == m["bleu_after_zero3"]
+    assert m["handoff_bleu"] == m["bleu_after_zero2"]
