@@ -5,8 +5,9 @@ failing cell and the run goes on with the rest; the exit status is non-zero if a
 
 Notebooks run two at a time (``--lanes``), each in its own kernel and its own ranks, except those whose
 metadata says ``"course": {"runs_alone": "<why>"}``: their figures include timings (all_reduce times,
-step times), which a neighbour would distort, so they run when nothing else does. The report names the
-notebooks that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
+step times), which a neighbour would distort, so they run when nothing else does. The others start longest
+first, by the previous ``build/report.md``, so the two lanes end together. The report names the notebooks
+that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
 """
 from __future__ import annotations
 
@@ -85,6 +86,23 @@ def runs_alone(notebook: Path) -> str:
     return json.loads(notebook.read_text()).get("metadata", {}).get("course", {}).get("runs_alone", "")
 
 
+def previous_seconds(report: Path) -> dict[str, float]:
+    """Each notebook's wall time in an earlier ``report.md`` (empty when there is none)."""
+    import re
+
+    if not report.exists():
+        return {}
+    rows = re.findall(r"^\| (\S+) \| [A-Za-z]+ \| (\d+) s \|", report.read_text(), re.M)
+    return {name: float(seconds) for name, seconds in rows}
+
+
+def lane_order(chosen: list[Path], alone: set[Path], seconds: dict[str, float]) -> list[Path]:
+    """The order notebooks start in: those that may share the cores first, longest first by an earlier run
+    (notebooks it did not time come first, in course order), then those that must run alone."""
+    shared = sorted((nb for nb in chosen if nb not in alone), key=lambda nb: -seconds.get(nb.stem, float("inf")))
+    return shared + [nb for nb in chosen if nb in alone]
+
+
 def may_start(notebook: Path, running: list[Path], alone: set[Path], lanes: int) -> bool:
     """Whether ``notebook`` may start now: a lane is free, and neither it nor a running one must run alone."""
     return len(running) < lanes and not (running and (notebook in alone or any(nb in alone for nb in running)))
@@ -122,7 +140,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     build = paths.build_dir()
     chosen = [nb for nb in notebooks() if not selected or any(nb.stem.startswith(s) for s in selected)]
     alone = {nb for nb in chosen if lanes > 1 and runs_alone(nb)}
-    queue = [nb for nb in chosen if nb not in alone] + [nb for nb in chosen if nb in alone]   # pairs first
+    queue = lane_order(chosen, alone, previous_seconds(build / "report.md"))
     outcomes: list[Outcome] = []
     with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
         running: dict = {}

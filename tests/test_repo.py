@@ -99,3 +99,17 @@ def test_course_runs_notebooks_side_by_side_except_those_that_must_run_alone():
     assert [course.beside(o, runs) for o in runs] == [["b"], ["a"], []]
     timing = {nb.stem for nb in NOTEBOOKS if course.runs_alone(nb)}
     assert {"01_distributed_concepts", "04_offload_and_infinity", "10_capstone_translation"} <= timing
+
+
+def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
+    from course_utils import course
+
+    report = tmp_path / "report.md"
+    report.write_text("| notebook | status | wall time | ran beside |\n|---|---|---|---|\n"
+                      "| a | ok | 30 s | b |\n| b | ok | 120 s | a |\n| t | FAILED | 60 s | — |\n")
+    assert course.previous_seconds(report) == {"a": 30.0, "b": 120.0, "t": 60.0}
+    assert course.previous_seconds(tmp_path / "none.md") == {}
+    a, b, new, timed = Path("a.ipynb"), Path("b.ipynb"), Path("new.ipynb"), Path("t.ipynb")
+    assert course.lane_order([a, b, new, timed], {timed}, course.previous_seconds(report)) == [new, b, a, timed]
+    assert course.lane_order([a, b, timed], {timed}, {}) == [a, b, timed], "no earlier run: course order"
+
