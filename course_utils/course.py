@@ -20,6 +20,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Container
 
 from . import paths
 from .nbtools import notebooks
@@ -96,14 +97,14 @@ def previous_seconds(report: Path) -> dict[str, float]:
     return {name: float(seconds) for name, seconds in rows}
 
 
-def lane_order(chosen: list[Path], alone: set[Path], seconds: dict[str, float]) -> list[Path]:
+def lane_order(chosen: list[Path], alone: Container[Path], seconds: dict[str, float]) -> list[Path]:
     """The order notebooks start in: those that may share the cores first, longest first by an earlier run
     (notebooks it did not time come first, in course order), then those that must run alone."""
     shared = sorted((nb for nb in chosen if nb not in alone), key=lambda nb: -seconds.get(nb.stem, float("inf")))
     return shared + [nb for nb in chosen if nb in alone]
 
 
-def may_start(notebook: Path, running: list[Path], alone: set[Path], lanes: int) -> bool:
+def may_start(notebook: Path, running: list[Path], alone: Container[Path], lanes: int) -> bool:
     """Whether ``notebook`` may start now: a lane is free, and neither it nor a running one must run alone."""
     return len(running) < lanes and not (running and (notebook in alone or any(nb in alone for nb in running)))
 
@@ -139,7 +140,7 @@ def _run_one(notebook: Path, smoke: bool) -> Outcome:
 def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) -> int:
     build = paths.build_dir()
     chosen = [nb for nb in notebooks() if not selected or any(nb.stem.startswith(s) for s in selected)]
-    alone = {nb for nb in chosen if lanes > 1 and runs_alone(nb)}
+    alone = {nb: why for nb in chosen if lanes > 1 and (why := runs_alone(nb))}   # notebook → why it runs alone
     queue = lane_order(chosen, alone, previous_seconds(build / "report.md"))
     outcomes: list[Outcome] = []
     with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -147,7 +148,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
         while queue or running:
             while queue and may_start(queue[0], list(running.values()), alone, lanes):
                 nb = queue.pop(0)
-                print(f"▶ {nb.stem} ...{' (alone: ' + runs_alone(nb) + ')' if nb in alone else ''}", flush=True)
+                print(f"▶ {nb.stem} ...{' (alone: ' + alone[nb] + ')' if nb in alone else ''}", flush=True)
                 running[pool.submit(_run_one, nb, smoke)] = nb
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:

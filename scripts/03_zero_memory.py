@@ -110,15 +110,21 @@ def persistent_numel(module, stage: int, threshold: float) -> int:
     return sum(p.ds_numel for p in module.parameters() if stage == 3 and p.ds_numel <= threshold)
 
 
-def measure(stage: int, dtype: str) -> None:
-    """Build, take one full step (so Adam's states exist), then measure after the next backward."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def stepped_engine(config: dict):
+    """The course GPT-2 under ``config`` after one full training step (so Adam's states exist): (engine, Ψ)."""
     model = tiny_gpt2("zero_lab")
-    psi = count_parameters(model)
-    config = comms.with_comms_logger(ds_config(stage, dtype))
+    psi = count_parameters(model)                    # before stage 3 partitions the parameters
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     forward_backward(engine, 0)
     engine.step()
+    return engine, psi
+
+
+def measure(stage: int, dtype: str) -> None:
+    """Build, take one full step (so Adam's states exist), then measure after the next backward."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    config = comms.with_comms_logger(ds_config(stage, dtype))
+    engine, psi = stepped_engine(config)
     with comms.logged() as window:                   # every collective of one whole training step
         forward_backward(engine, 1)                  # model states as the step finds them: grads are held
         inventory = tensor_inventory(engine)
@@ -194,12 +200,7 @@ def regather_comms(dtype: str) -> None:
     and gathered again in backward. (With the course config's large reuse distance and prefetch bucket,
     forward gathers every parameter at once and backward finds them still there.)"""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model = tiny_gpt2("zero_lab")
-    psi = count_parameters(model)
-    config = comms.with_comms_logger(ds_config(3, dtype, **RELEASE_AFTER_USE))
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    forward_backward(engine, 0)
-    engine.step()
+    engine, psi = stepped_engine(comms.with_comms_logger(ds_config(3, dtype, **RELEASE_AFTER_USE)))
     with comms.logged() as window:
         forward_backward(engine, 1)
         engine.step()
@@ -273,16 +274,13 @@ def show_partitions() -> None:
 
 def measure_yours(path: str) -> None:
     """The learner's config as written: the same model, step and measuring point as :func:`measure`."""
-    model = tiny_gpt2("zero_lab")
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=read_config(path))
-    forward_backward(engine, 0)
-    engine.step()
+    engine, psi = stepped_engine(read_config(path))
     forward_backward(engine, 1)
     measured = model_state_bytes(tensor_inventory(engine))
     dtype = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
     if dist.get_rank() == 0:
         record(YourConfig(stage=engine.zero_optimization_stage(), dtype=dtype, world_size=dist.get_world_size(),
-                          num_params=count_parameters(model), measured=measured))
+                          num_params=psi, measured=measured))
     rank0_print(f"your config: stage {engine.zero_optimization_stage()} {dtype}: "
                 + "  ".join(f"{k}={v / 2**20:7.1f} MiB" for k, v in measured.items()))
     release(engine)
