@@ -111,7 +111,8 @@ def require_done(fn: Callable, hint: "str | Sequence[str]") -> None:
 
 def answer_or(fn: Callable, *args: Any, fallback: Any, instead: str) -> Any:
     """The learner's answer ``fn(*args)`` once the exercise is written, else ``fallback`` and one line saying
-    what happens ``instead``: the cells after an unsolved exercise run on (its check still fails)."""
+    what happens ``instead``: the cells after an unsolved exercise go on with the course's answer, while the
+    exercise's own check still fails."""
     if is_done(fn):
         return fn(*args)
     print(f"⏭  {_name(fn)} not written yet: {instead} (its check fails until you write yours)")
