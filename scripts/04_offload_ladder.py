@@ -164,11 +164,25 @@ def client_optimizer_refused(dtype: str) -> None:
         record("force_ds_cpu_optimizer_error", f"{type(e).__name__}: {e}")
 
 
+def nvme_rung_of_the_learner(zero: dict, steps: int, dtype: str) -> None:
+    """The NVMe rung with the learner's zero_optimization keys. DeepSpeed's refusal (the same on every rank, at
+    engine start) is recorded instead of ending the launch, so the rest of the ladder is still measured."""
+    folder = (zero.get("offload_param") or zero.get("offload_optimizer") or {}).get("nvme_path")
+    try:
+        run("stage 3 + NVMe", zero.get("stage", 3), {k: v for k, v in zero.items() if k != "stage"}, steps, dtype,
+            swap_dir=folder)
+        record("nvme_error", None)
+    except Exception as err:          # noqa: BLE001 — reported to the notebook, which names it
+        record("nvme_error", f"{type(err).__name__}: {err}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rungs", nargs="*", default=list(LADDER), help=f"any of {list(LADDER)}")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per rung (after one warm-up step)")
     parser.add_argument("--nvme_dir", default=None, help="also run stage 3 with NVMe offload into this folder")
+    parser.add_argument("--nvme_zero", default=None,
+                        help="JSON zero_optimization keys for the NVMe rung instead of the course's (notebook 04's exercise)")
     parser.add_argument("--client_optimizer", action="store_true",
                         help="also offload with a torch AdamW: refused, then allowed by zero_force_ds_cpu_optimizer=false")
     parser.add_argument("--knobs", default=None, help="JSON {name: {stage3 keys}} to compare on stage 3 + offload")
@@ -182,7 +196,9 @@ def main(argv=None) -> None:
     for name in args.rungs:
         stage, zero = LADDER[name]
         run(name, stage, zero, args.steps, dtype)
-    if args.nvme_dir:
+    if args.nvme_zero:
+        nvme_rung_of_the_learner(json.loads(args.nvme_zero), args.steps, dtype)
+    elif args.nvme_dir:
         folder = str(Path(args.nvme_dir) / f"rank{dist.get_rank()}")
         run("stage 3 + NVMe", 3, nvme_offload(folder), args.steps, dtype, swap_dir=folder)
     if args.client_optimizer:

@@ -30,6 +30,23 @@ class Generation(Record, name="generation"):
     examples: int                 # evaluation examples translated (a multiple of the world size)
 
 
+@dataclass
+class EngineSetup(Record, name="engine_setup"):
+    """What the DeepSpeed engine inside the Trainer was built with, read from the engine itself."""
+    stage: int                    # engine.zero_optimization_stage()
+    train_batch_size: int         # examples per optimizer step, over every rank
+    optimizer: str                # the class that runs the step (DeepSpeedCPUAdam when the optimizer is offloaded)
+    offload_param: bool           # ZeRO-3's optimizer keeps the parameter partitions on the host between uses
+    partitioned: bool             # the module's weights are ZeRO-3 shards (ds_tensor), not whole tensors
+
+
+def engine_setup(engine) -> EngineSetup:
+    return EngineSetup(stage=engine.zero_optimization_stage(), train_batch_size=engine.train_batch_size(),
+                       optimizer=type(engine.basic_optimizer).__name__,
+                       offload_param=bool(getattr(engine.optimizer, "offload_param", False)),
+                       partitioned=any(hasattr(p, "ds_tensor") for p in engine.module.parameters()))
+
+
 def model_and_data(args):
     """(tokenizer, model, {"train", "test"} splits): the lab's hub model and data, or the offline ones."""
     if args.model_name:                                    # the lab's setup: hub model and data (not run in CI)
@@ -139,6 +156,7 @@ def main(argv=None) -> None:
     record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])
     record("train_seconds", result.metrics["train_runtime"])
     record("steps", trainer.state.global_step)
+    record(engine_setup(trainer.deepspeed))
     after = trainer.evaluate(metric_key_prefix="after")
     rank0_print(f"BLEU after training: {after['after_bleu']:.2f}")
     record("bleu_after", after["after_bleu"])

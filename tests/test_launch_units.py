@@ -227,3 +227,16 @@ def test_supervise_ends_idle_launchers_once_every_rank_finished(tmp_path):
     assert _supervise([still], Streams([still], tmp_path / "ranks"), lambda lines: None,
                       time.monotonic(), 30, lambda: False) == (False, False)
     assert still.returncode == 0
+
+
+def test_rank_hook_compiles_muon_kernels_when_first_called():
+    """Every ZeRO engine imports DeepSpeed's Muon module (is_zero_supported_optimizer), whose three
+    ``@compiler.compile()`` kernels imported TorchDynamo and Inductor at once (~3 s per rank): the rank hook
+    defers ``torch.compile`` to the kernels' first call."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(environment.RANK_HOOK)}
+    probe = ("import sys; from deepspeed.runtime.zero.muon import original_muon as m; "
+             "print(int('torch._inductor' in sys.modules), int(hasattr(m.zeropower_via_newtonschulz5, '__wrapped__')))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["0", "1"], out

@@ -71,3 +71,58 @@ def _remember_cpu_info():
 
 
 _remember_cpu_info()
+
+
+def _compile_muon_kernels_when_first_called():
+    """Let DeepSpeed wrap its Muon kernels in ``torch.compile`` when they first run, not when a ZeRO engine starts.
+
+    Every ZeRO engine checks its optimizer with ``is_zero_supported_optimizer``
+    (deepspeed/runtime/zero/utils.py), which imports ``deepspeed.runtime.zero.muon.original_muon`` to add
+    Muon to the supported list. That module decorates three kernels with ``@compiler.compile()``, i.e.
+    ``torch.compile(fn)``, and creating those wrappers imports TorchDynamo and Inductor: about 3 s of CPU in
+    every rank of every ZeRO launch, for an optimizer the course never uses. ``torch.compile`` compiles a
+    function on its first call anyway, so applying it on the first call instead of at import changes nothing
+    but when the wrapper is made. ``deepspeed.runtime.compiler.compile`` is patched the moment DeepSpeed
+    imports that module (the three Muon kernels are its only users in deepspeed 0.19.8).
+    """
+    import functools
+    import importlib.abc
+    import importlib.machinery
+
+    def patch(module):
+        make_decorator = module.compile
+
+        def compile():
+            decorator = make_decorator()
+
+            def lazily(fn):
+                compiled = []
+
+                @functools.wraps(fn)
+                def call(*args, **kwargs):
+                    if not compiled:
+                        compiled.append(decorator(fn))
+                    return compiled[0](*args, **kwargs)
+                return call
+            return lazily
+        module.compile = compile
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "deepspeed.runtime.compiler":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                patch(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+_compile_muon_kernels_when_first_called()
