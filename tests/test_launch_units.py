@@ -240,3 +240,20 @@ def test_rank_hook_compiles_muon_kernels_when_first_called():
              "print(int('torch._inductor' in sys.modules), int(hasattr(m.zeropower_via_newtonschulz5, '__wrapped__')))")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split()[-2:] == ["0", "1"], out
+
+
+def test_a_launch_is_done_when_every_rank_finished_or_some_failed(tmp_path):
+    """Finished marks end a launch as a success; once every rank has ended and one died of an exception
+    (its failure record), the launch ends as a failure without waiting for the launcher's polling."""
+    from course_utils.launch.runner import _ranks_done
+
+    (tmp_path / "finished").mkdir()
+    (tmp_path / "failures").mkdir()
+    assert _ranks_done(tmp_path, 2) is False
+    (tmp_path / "finished" / "rank0").touch()
+    assert _ranks_done(tmp_path, 2) is False                 # rank 1 may still be working
+    (tmp_path / "failures" / "rank1.json").write_text("{}")
+    assert _ranks_done(tmp_path, 2) == "failed"
+    (tmp_path / "failures" / "rank1.json").unlink()
+    (tmp_path / "finished" / "rank1").touch()
+    assert _ranks_done(tmp_path, 2) is True

@@ -84,8 +84,8 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
         launchers = start_launchers(commands, paths.ROOT, environment)
         watchdog = start_watchdog(launchers, port)
         streams = Streams(launchers, run_dir / "ranks")
-        all_finished = lambda: len(list((run_dir / FINISHED_DIR).glob("rank*"))) >= options.world_size
-        timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout, all_finished)
+        timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout,
+                                         lambda: _ranks_done(run_dir, options.world_size))
     except BaseException:
         kill_group(launchers)
         raise
@@ -98,7 +98,8 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     signal_groups(launchers, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
     seconds = time.monotonic() - started
     codes = [p.returncode for p in launchers]
-    returncode = 124 if timed_out else 0 if finished else next((c for c in codes if c != 0), 0)
+    returncode = (124 if timed_out else 0 if finished is True else 1 if finished == "failed"
+                  else next((c for c in codes if c != 0), 0))
     (run_dir / "launch.log").write_text("\n".join(log_lines) + "\n")
     hidden = 0 if options.verbose else shown_filter.hidden
     result = LaunchResult(returncode=returncode, log="\n".join(log_lines), records=read_records(run_dir),
@@ -113,15 +114,27 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     return result
 
 
+def _ranks_done(run_dir: Path, world_size: int) -> bool | str:
+    """``True`` once every rank has passed ``scaffolding.finish()`` (its mark in ``finished/``), ``"failed"``
+    once every rank has either finished or died of a Python exception with at least one such death (the rank
+    hook writes ``failures/rank<N>.json`` after printing the traceback), else ``False``."""
+    finished = {p.name for p in (run_dir / FINISHED_DIR).glob("rank*")}
+    failed = {p.stem for p in (run_dir / "failures").glob("rank*.json")}
+    if len(finished) >= world_size:
+        return True
+    return "failed" if failed and len(finished | failed) >= world_size else False
+
+
 def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callable[[list[str]], None],
-               started: float, timeout: float, all_finished: Callable[[], bool]) -> tuple[bool, bool]:
+               started: float, timeout: float, all_finished: Callable[[], bool | str]) -> tuple[bool, bool | str]:
     """Stream until every launcher has exited; end the launch early on a failed node or the timeout.
 
-    Returns (whether the timeout ended it, whether every rank finished). A node whose launcher failed
+    Returns (whether the timeout ended it, ``all_finished()`` when that ended it: ``True`` when every rank
+    finished, ``"failed"`` when every rank finished or died of an exception). A node whose launcher failed
     ends the others too, since their ranks would wait forever in a collective for the ranks that are
     gone. Once every rank has passed ``scaffolding.finish()`` (its output flushed, its mark in the run
-    folder) the launch is complete: the launchers, idle in DeepSpeed's once-a-second polling loop and
-    their own shutdown (2–3 s), are ended at once.
+    folder), or every rank has ended and some of them failed, the launch is over: the launchers, idle in
+    DeepSpeed's once-a-second polling loop and their own shutdown (2–3 s), are ended at once.
     """
     timed_out = finished = False
     while True:
@@ -130,8 +143,9 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
         codes = [p.poll() for p in launchers]
         if all(c is not None for c in codes):
             break
-        if all_finished():
-            finished = True
+        done = all_finished()
+        if done:
+            finished = done
             signal_groups(launchers, signal.SIGKILL)
             for p in launchers:
                 p.wait()

@@ -13,18 +13,26 @@ _previous_hook = sys.excepthook
 
 
 def _record_failure(exc_type, exc, tb):
+    when = time.time()
+    _previous_hook(exc_type, exc, tb)      # the traceback first: once every rank has a record, the runner ends the launch
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     run_dir = os.environ.get("COURSE_RUN_DIR")
     if run_dir:
         try:
             folder = os.path.join(run_dir, "failures")
             os.makedirs(folder, exist_ok=True)
             rank = os.environ.get("RANK", "?")
-            with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
-                json.dump({"rank": rank, "time": time.time(), "error": f"{exc_type.__name__}: {exc}",
+            tmp = os.path.join(folder, f".rank{rank}.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump({"rank": rank, "time": when, "error": f"{exc_type.__name__}: {exc}",
                            "traceback": "".join(traceback.format_exception(exc_type, exc, tb))}, f)
+            os.replace(tmp, os.path.join(folder, f"rank{rank}.json"))     # complete when it appears
         except OSError:
             pass
-    _previous_hook(exc_type, exc, tb)
 
 
 sys.excepthook = _record_failure
