@@ -17,7 +17,6 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
-from sklearn.metrics import classification_report
 from torch.utils.data import DataLoader
 
 from course_utils.rank import data
@@ -162,8 +161,7 @@ def main(argv=None) -> None:
     rank0_print(f"trained {step} steps in {train_seconds:.1f} s; evaluation: {idx.numel()} predictions gathered "
                 f"for {len(eval_set)} examples, accuracy {accuracy:.4f}")
     if rank == 0:
-        report = classification_report(labels.cpu(), preds.cpu(), labels=list(range(len(data.EMOTION_LABELS))),
-                                       target_names=data.EMOTION_LABELS, digits=3, zero_division=0)
+        report = data.classification_report(labels.cpu(), preds.cpu(), data.EMOTION_LABELS)
         print(report)
         record("report", report)
         record("eval_unique_examples", int(torch.unique(idx).numel()))

@@ -288,7 +288,7 @@ def measure_yours(path: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--stages", type=int, nargs="*", default=[0, 1, 2, 3])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--show_partitions", action="store_true", help="also show stage 3's ds_tensor, "
                         "GatheredParameters and zero.Init")

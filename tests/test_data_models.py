@@ -142,3 +142,19 @@ def test_data_streams_follow_their_presets():
     assert data.global_batch(0, 4).shape == (4, p.seq_len) and int(data.global_batch(0, 4).max()) < p.vocab_size
     rows = data.counting_dataset(rows=3)
     assert rows[0]["input_ids"].shape == (models.PRESETS["trainer"].seq_len,)
+
+
+def test_classification_report_counts_like_the_usual_table():
+    """Notebook 02's report: per-class precision, recall, F1 and support, accuracy and the two averages."""
+    import torch
+
+    from course_utils.rank.data import classification_report
+
+    labels, preds = torch.tensor([0, 0, 1, 1, 1, 2]), torch.tensor([0, 1, 1, 1, 0, 1])
+    lines = classification_report(labels, preds, ["a", "b", "c"]).splitlines()
+    rows = {l.split()[0]: l.split()[1:] for l in lines[2:5]}
+    assert rows["a"] == ["0.500", "0.500", "0.500", "2"]
+    assert rows["b"] == ["0.500", "0.667", "0.571", "3"]
+    assert rows["c"] == ["0.000", "0.000", "0.000", "1"]          # never predicted: 0, not an error
+    assert lines[6].split() == ["accuracy", "0.500", "6"]
+    assert lines[7].split()[-1] == "6" and lines[7].split()[2] == "0.333"         # macro precision (0.5 + 0.5 + 0) / 3

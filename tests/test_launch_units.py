@@ -257,3 +257,57 @@ def test_a_launch_is_done_when_every_rank_finished_or_some_failed(tmp_path):
     (tmp_path / "failures" / "rank1.json").unlink()
     (tmp_path / "finished" / "rank1").touch()
     assert _ranks_done(tmp_path, 2) is True
+
+
+def _as_rank(tmp_path, code: str):
+    """Run ``code`` as a course rank would start (rank hook on PYTHONPATH, RANK and COURSE_RUN_DIR set)."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(environment.RANK_HOOK), "RANK": "1", "COURSE_RUN_DIR": str(tmp_path)}
+    env.pop("COURSE_RANK_PID", None)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_rank_that_returns_ends_without_the_teardown_that_can_abort(tmp_path):
+    """A learner's script need not call finish(): a rank that returns ends with its status, its open files
+    flushed and its finished mark, before the interpreter's teardown (where gloo can abort, exit -6) runs."""
+    out = tmp_path / "kept.txt"
+    ok = _as_rank(tmp_path, "import os\n"
+                            "class Teardown:\n    def __del__(self): os.abort()      # as gloo's threads can\n"
+                            f"bomb = Teardown()\nLOG = open({str(out)!r}, 'w')\nLOG.write('written, never closed')\n"
+                            "print('done')")
+    assert (ok.returncode, ok.stdout.strip()) == (0, "done"), ok.stderr
+    assert out.read_text() == "written, never closed"
+    assert (tmp_path / "finished" / "rank1").exists()
+
+    (tmp_path / "finished" / "rank1").unlink()
+    assert _as_rank(tmp_path, "import sys; sys.exit(3)").returncode == 3
+    failed = _as_rank(tmp_path, "raise ValueError('boom')")
+    assert failed.returncode == 1 and "ValueError: boom" in failed.stderr
+    assert not (tmp_path / "finished" / "rank1").exists()
+    assert json.loads((tmp_path / "failures" / "rank1.json").read_text())["error"] == "ValueError: boom"
+
+
+def test_only_the_rank_itself_reports_a_failure(tmp_path):
+    """A rank's own child processes (DataLoader or compile workers) inherit its environment but are not
+    ranks: their exceptions leave no failure record and they leave no finished mark."""
+    child = _as_rank(tmp_path, "import subprocess, sys\n"
+                               "r = subprocess.run([sys.executable, '-c', 'raise ValueError(1)'])\n"
+                               "print(r.returncode)")
+    assert child.stdout.strip() == "1"
+    assert not (tmp_path / "failures").exists()
+    assert [p.name for p in (tmp_path / "finished").iterdir()] == ["rank1"]      # the rank's own mark only
+
+
+def test_the_trainer_counting_one_rank_on_cpu_is_named_in_the_error():
+    """A plain Trainer script on CPU ranks dies of DeepSpeed's batch assertion (4 != 4 * 1 * 2): the error says
+    why (the Trainer counted one rank) and what to change; DeepSpeed's own batch message is left alone."""
+    from course_utils.launch.failures import diagnosis
+
+    trainer = ('  File "/v/site-packages/transformers/trainer.py", line 1, in train\nAssertionError: Check batch '
+               'related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * '
+               'world_size 4 != 4 * 1 * 2')
+    assert "counted itself alone" in diagnosis(trainer) or "ONE rank" in diagnosis(trainer)
+    assert "training_arguments" in diagnosis(trainer)
+    assert diagnosis(trainer.replace("4 != 4 * 1 * 2", "64 != 32 * 4 * 2")) == ""
+    assert diagnosis("RuntimeError: something else") == ""

@@ -1,4 +1,4 @@
-"""Notebook 02 executed with papermill: DeepSpeed's own batch-size assertion met and fixed, the seed's sampler bug measured, the fixed loop learning well above
+"""Notebook 02 executed with papermill: DeepSpeed's own batch-size assertion met and fixed, the tutorial loop's sampler bug measured, the fixed loop learning well above
 chance, each evaluation example counted once, and the checkpoint reproducing the accuracy."""
 import pytest
 
@@ -12,7 +12,7 @@ def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
     world = m["world_size"]
     assert m["eval_examples"] == m["eval_examples_expected"] == 501, "each evaluation example counted once"
-    assert m["buggy_eval_examples"] == world * m["eval_examples_expected"], "the seed's report counts every example per rank"
+    assert m["buggy_eval_examples"] == world * m["eval_examples_expected"], "the tutorial loop's report counts every example per rank"
     assert m["majority_accuracy"] < 0.35
     assert m["eval_accuracy"] >= 0.6, f"smoke training should beat the majority class clearly, got {m['eval_accuracy']}"
     assert m["last_loss"] < 0.75 * m["first_loss"]

@@ -8,6 +8,7 @@ traceback, not the last rank to notice.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .. import paths
@@ -53,6 +54,28 @@ def finished_message(result: LaunchResult, note: str = "") -> str:
     return f"{line} {note}" if note else line
 
 
+_BATCH = re.compile(r"train_batch_size is not equal to micro_batch_per_gpu \* gradient_acc_step \* world_size "
+                    r"(\d+) != (\d+) \* (\d+) \* (\d+)")
+
+
+def diagnosis(trace: str) -> str:
+    """What to change, for failures whose own message does not say it; "" when none applies.
+
+    DeepSpeed's batch assertion already names its numbers (notebook 02 has you read it); what it cannot say is
+    that on CPU-only ranks the Trainer counted one rank.
+    """
+    batch = _BATCH.search(trace)
+    if batch:
+        train, micro, accumulation, world = map(int, batch.groups())
+        if world > 1 and train == micro * accumulation and ("transformers" in trace or "accelerate" in trace):
+            return ("What to change: the Trainer computed train_batch_size for ONE rank while DeepSpeed sees "
+                    f"{world}. On CPU-only ranks TrainingArguments does not set up the distributed state DeepSpeed "
+                    "uses (accelerate looks for an accelerator), so every rank counts itself alone. Build the "
+                    "arguments with course_utils.rank.trainer.training_arguments(...) (notebook 08, section 1), or "
+                    "create accelerate's PartialState for DeepSpeed over gloo before TrainingArguments.")
+    return ""
+
+
 def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note: str = "") -> str:
     """The :class:`LaunchError` message: a timeout (every rank's last lines) or the first failing rank."""
     where = f"Logs: {paths.relative(result.run_dir)}/launch.log and ranks/." + (f" {note}" if note else "")
@@ -65,4 +88,6 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
     if rank is None:
         return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
                 f"with an error status or was killed); the end of the log:\n{tail(result.log)}\n{where}")
-    return f"Rank {rank} failed (launch exit code {result.returncode}):\n{tail(trace)}\n{where}"
+    advice = diagnosis(trace)
+    return (f"Rank {rank} failed (launch exit code {result.returncode}):\n{tail(trace)}\n"
+            + (f"{advice}\n" if advice else "") + where)

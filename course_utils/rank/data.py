@@ -210,3 +210,32 @@ def random_batch(step: int, rank: int, batch: int = 8, classes: int = 4):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(batch, 16, generator=g)
     return x, (x[:, :classes].argmax(dim=1))          # a learnable rule: the largest of the first features
+
+
+def classification_report(labels, predictions, names: list[str], digits: int = 3) -> str:
+    """Per-class precision, recall, F1 and support, then accuracy and the macro and support-weighted averages:
+    the table a common tutorial prints with ``sklearn.metrics.classification_report`` (same layout, same
+    definitions, 0 where a class was never predicted), from two integer tensors."""
+    import torch
+
+    labels, predictions = labels.long().flatten(), predictions.long().flatten()
+    rows = []
+    for k in range(len(names)):
+        tp = int(((predictions == k) & (labels == k)).sum())
+        predicted, support = int((predictions == k).sum()), int((labels == k).sum())
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        rows.append((names[k], precision, recall, f1, support))
+    total = sum(r[4] for r in rows)
+    accuracy = float((predictions == labels).float().mean()) if total else 0.0
+    width = max(len(n) for n in names + ["weighted avg"])
+    line = lambda name, values, support: (f"{name:>{width}} " + "".join(f"{v:>10.{digits}f}" if v is not None else " " * 10
+                                                                        for v in values) + f"{support:>10}")
+    averages = [("macro avg", [sum(r[i] for r in rows) / len(rows) for i in (1, 2, 3)]),
+                ("weighted avg", [sum(r[i] * r[4] for r in rows) / max(total, 1) for i in (1, 2, 3)])]
+    out = [f"{'':>{width}} {'precision':>10}{'recall':>10}{'f1-score':>10}{'support':>10}", ""]
+    out += [line(n, (p, r, f), s) for n, p, r, f, s in rows] + [""]
+    out += [line("accuracy", (None, None, accuracy), total)]
+    out += [line(name, values, total) for name, values in averages]
+    return "\n".join(out) + "\n"

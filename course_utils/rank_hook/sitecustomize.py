@@ -1,19 +1,34 @@
-"""Loaded by every rank of a course launch (the runner puts this folder on PYTHONPATH).
+"""Loaded by every process of a course launch (the runner puts this folder on PYTHONPATH).
 
-It records when and where a rank dies of an uncaught exception, so the runner can name the rank
-that failed first rather than a peer that only lost its connection to it afterwards.
+In a rank (the process DeepSpeed's launcher started, not its children) it records when and where the
+rank dies of an uncaught exception, so the runner can name the rank that failed first rather than a peer
+that only lost its connection to it afterwards; and it ends a rank whose script returned without the
+interpreter's teardown, which can abort in gloo (see :func:`_end_rank_without_teardown`).
 """
+import atexit
 import json
 import os
 import sys
 import time
 import traceback
 
+# The rank itself: launched with RANK set, and the first process of the launch to load this hook with it
+# (a rank's own children, a DataLoader worker or a compile worker, inherit COURSE_RANK_PID and are not ranks).
+_IS_RANK = ("RANK" in os.environ and "COURSE_RUN_DIR" in os.environ
+            and os.environ.get("COURSE_RANK_PID", str(os.getpid())) == str(os.getpid()))
+if _IS_RANK:
+    os.environ["COURSE_RANK_PID"] = str(os.getpid())
+
 _previous_hook = sys.excepthook
+_state = {"failed": False, "exit_status": None}
 
 
 def _record_failure(exc_type, exc, tb):
     when = time.time()
+    _state["failed"] = True
+    if not _IS_RANK:
+        _previous_hook(exc_type, exc, tb)
+        return
     _previous_hook(exc_type, exc, tb)      # the traceback first: once every rank has a record, the runner ends the launch
     for stream in (sys.stderr, sys.stdout):
         try:
@@ -36,6 +51,54 @@ def _record_failure(exc_type, exc, tb):
 
 
 sys.excepthook = _record_failure
+
+
+def _end_rank_without_teardown():
+    """A rank whose script returned (or called ``sys.exit``) ends here, without the interpreter's teardown.
+
+    Registered first, this ``atexit`` handler runs after every other one. Tearing down what DeepSpeed and
+    torch.distributed still hold (engines, process groups) can abort in gloo's threads ("terminate called
+    without an active exception", exit -6) after the script's work is done, and fail a launch that succeeded;
+    the course's own scripts avoid it with ``scaffolding.finish()``, a learner's script need not know. So:
+    flush every open file (teardown would have), the standard streams, leave the finished mark the runner
+    waits for, and exit with the script's status. A rank that died of an exception takes the normal path.
+    """
+    if _state["failed"]:
+        return
+    status = _state["exit_status"]
+    code = 0 if status is None else status if isinstance(status, int) else 1
+    import gc
+    import io
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code == 0:
+        try:
+            folder = os.path.join(os.environ["COURSE_RUN_DIR"], "finished")
+            os.makedirs(folder, exist_ok=True)
+            open(os.path.join(folder, f"rank{os.environ['RANK']}"), "w").close()
+        except OSError:
+            pass
+    os._exit(code)
+
+
+def _exit_remembering_status(status=None, _exit=sys.exit):
+    _state["exit_status"] = status
+    _exit(status)
+
+
+if _IS_RANK:
+    sys.exit = _exit_remembering_status
+    atexit.register(_end_rank_without_teardown)
 
 
 def _remember_cpu_info():
