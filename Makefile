@@ -7,9 +7,10 @@ STAMP := $(VENV)/.course-setup
 KERNEL := deepspeed-course
 TEST_WORKERS ?= 2
 
-.PHONY: setup course test lab student bench clean help
+.PHONY: setup course test lab student bench clean help preflight
 
 help:
+	@echo "make preflight  before a workshop: will this machine run the course? (no set-up needed)"
 	@echo "make course   set up if needed, run every notebook, write build/report.md"
 	@echo "make test     set up if needed, run the unit tests and every notebook (smoke parameters)"
 	@echo "make lab      JupyterLab on the course"
@@ -17,6 +18,9 @@ help:
 	@echo "make bench    runner overhead and launch-time benchmarks"
 
 setup: $(STAMP)
+
+preflight:
+	@$(PYTHON) -m course_utils.preflight
 
 $(STAMP): requirements.txt pyproject.toml course_utils/ops.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

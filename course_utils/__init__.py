@@ -15,7 +15,7 @@ imported on first use.
 import importlib as _importlib
 
 _SUBMODULES = {"checks", "checkpoints", "compare", "configs", "course", "hardware", "launch", "nbtools", "notebook",
-               "ops", "paths", "planning", "rank", "scripts", "student", "views"}
+               "ops", "paths", "planning", "preflight", "rank", "scripts", "student", "views"}
 _FROM_NOTEBOOK = {"start", "Notebook"}
 
 __all__ = sorted(_SUBMODULES | _FROM_NOTEBOOK)
