@@ -43,6 +43,30 @@ class Hardware:
                 f"cells use nccl with one rank per GPU and also report CUDA memory.")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one launch's ranks run: how many per node, and whether on CPU although GPUs are here."""
+    procs: int
+    cpu_on_gpu_machine: bool = False
+    note: str = ""              # one sentence for the cell when the launch does not use the GPUs
+
+
+def placement(hw: Hardware, procs: int | None = None, min_ranks: int | None = None) -> Placement:
+    """The ranks of a launch on ``hw``: ``procs`` if given (else one per GPU, or 2 CPU ranks), raised to the
+    ``min_ranks`` its lesson needs (partitioning, sharding or a world-size change mean nothing on one rank).
+    A GPU machine with fewer GPUs than that runs the launch on CPU ranks over gloo (nccl needs one GPU
+    per rank) and says so; launches about one device (offload, fp16 loss scaling, CUDA memory) give no
+    ``min_ranks`` and keep the GPU."""
+    want = procs if procs is not None else hw.default_procs
+    if min_ranks is not None:
+        want = max(want, min_ranks)
+    if hw.is_gpu and want > hw.gpus:
+        return Placement(want, True, f"This lesson needs {want} ranks and this machine has {hw.gpus} GPU"
+                                     f"{'s' if hw.gpus != 1 else ''}: this launch runs {want} CPU ranks over gloo "
+                                     f"(nccl needs one GPU per rank).")
+    return Placement(want)
+
+
 @functools.lru_cache(maxsize=None)
 def detect() -> Hardware:
     """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once).

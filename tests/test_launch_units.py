@@ -311,3 +311,22 @@ def test_the_trainer_counting_one_rank_on_cpu_is_named_in_the_error():
     assert "training_arguments" in diagnosis(trainer)
     assert diagnosis(trainer.replace("4 != 4 * 1 * 2", "64 != 32 * 4 * 2")) == ""
     assert diagnosis("RuntimeError: something else") == ""
+
+
+def test_lessons_that_need_ranks_get_them_on_any_machine():
+    """A launch says how many ranks its lesson needs; with fewer GPUs it runs on CPU ranks and says so,
+    while single-device lessons (no min_ranks) keep the GPU. Simulated machines: 0, 1, 2 and 8 GPUs."""
+    from course_utils.hardware import Hardware, placement
+
+    machine = {n: Hardware(accelerator="cuda" if n else "cpu", gpus=n, gpu_names=("GPU",) * n,
+                           backend="nccl" if n else "gloo") for n in (0, 1, 2, 8)}
+    assert placement(machine[0], None, 2) == placement(machine[0]) and placement(machine[0]).procs == 2
+    assert not placement(machine[0], None, 2).cpu_on_gpu_machine          # a laptop: CPU ranks anyway, no note
+    one = placement(machine[1], None, 2)
+    assert (one.procs, one.cpu_on_gpu_machine) == (2, True) and "1 GPU:" in one.note and "CPU ranks" in one.note
+    assert placement(machine[1]) == placement(machine[1], None, None)
+    assert (placement(machine[1]).procs, placement(machine[1]).cpu_on_gpu_machine) == (1, False)   # offload, fp16
+    assert (placement(machine[2], None, 2).procs, placement(machine[2], None, 2).cpu_on_gpu_machine) == (2, False)
+    assert placement(machine[2], 4).cpu_on_gpu_machine and placement(machine[2], 4).procs == 4     # 03's 4 ranks
+    assert (placement(machine[8], None, 2).procs, placement(machine[8], 4).procs) == (8, 4)
+    assert not placement(machine[8], 4).cpu_on_gpu_machine

@@ -30,10 +30,13 @@ from ..rank.scaffolding import FINISHED_DIR
 def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, config: dict | str | Path | None = None,
               timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1, name: str | None = None,
               trainer: bool = False, config_arg: str = "--deepspeed_config", check: bool = True,
-              verbose: bool = False, quiet: bool = False, precheck: bool = True) -> LaunchResult:
+              verbose: bool = False, quiet: bool = False, precheck: bool = True,
+              min_ranks: int | None = None) -> LaunchResult:
     """Launch ``script`` on ``procs`` ranks (per node) with the real ``deepspeed`` launcher.
 
     - ``procs``: ranks per node; default one per GPU, or 2 CPU ranks without a GPU.
+    - ``min_ranks``: the ranks the lesson needs; a GPU machine with fewer GPUs (or fewer than ``procs``) runs
+      this launch on CPU ranks over gloo and says so in one line (:func:`hardware.placement`).
     - ``config``: a DeepSpeed config (dict, or a path; bare names are looked up in ``configs/``). It is
       validated for the launch's world size first and passed to the script as ``config_arg <path>``.
       ``trainer=True`` allows the "auto" values that the HF Trainer fills (the script hands the path to
@@ -45,7 +48,12 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     - ``verbose``: also stream the launcher/library chatter (DeepSpeed's INFO lines, deprecation warnings;
       they are always in ``result.log``); ``quiet``: stream nothing.
     """
-    options = LaunchOptions(procs=procs or hardware.detect().default_procs, nodes=nodes, config=config,
+    place = hardware.placement(hardware.detect(), procs, min_ranks)
+    if place.cpu_on_gpu_machine:
+        env = {**(env or {}), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+        if not quiet:
+            print(place.note, flush=True)
+    options = LaunchOptions(procs=place.procs, nodes=nodes, config=config,
                             trainer=trainer, config_arg=config_arg, timeout=timeout, env=env, name=name,
                             check=check, verbose=verbose, quiet=quiet, precheck=precheck)
     return run(script, script_args, options)

@@ -92,7 +92,9 @@ def _end_rank_without_teardown():
 
 
 def _exit_remembering_status(status=None, _exit=sys.exit):
-    _state["exit_status"] = status
+    import threading
+    if threading.current_thread() is threading.main_thread():     # sys.exit in a thread ends only the thread
+        _state["exit_status"] = status
     _exit(status)
 
 
