@@ -15,6 +15,7 @@ from .. import paths
 from .result import LaunchResult
 
 TAIL_LINES = 25
+FAILURES_DIR = "failures"     # in the run folder, written by the rank hook (sitecustomize.py uses the same name)
 
 
 def tail(text: str, n: int = TAIL_LINES) -> str:
@@ -25,7 +26,7 @@ def tail(text: str, n: int = TAIL_LINES) -> str:
 def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None, str]:
     """The rank that died first and its traceback: from the rank hook's records, else from the logs."""
     records = []
-    for path in (run_dir / "failures").glob("rank*.json"):
+    for path in (run_dir / FAILURES_DIR).glob("rank*.json"):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):

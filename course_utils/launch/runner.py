@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from .. import hardware, paths
 from . import commands as cmds
 from .environment import rank_environment
-from .failures import failure_message, finished_message, hidden_note
+from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
 from .options import DEFAULT_TIMEOUT, LaunchOptions
 from .processes import kill_group, release_shm_buffers, signal_groups, start_launchers, start_watchdog
 from .result import LaunchError, LaunchResult
@@ -127,7 +127,7 @@ def _ranks_done(run_dir: Path, world_size: int) -> bool | str:
     once every rank has either finished or died of a Python exception with at least one such death (the rank
     hook writes ``failures/rank<N>.json`` after printing the traceback), else ``False``."""
     finished = {p.name for p in (run_dir / FINISHED_DIR).glob("rank*")}
-    failed = {p.stem for p in (run_dir / "failures").glob("rank*.json")}
+    failed = {p.stem for p in (run_dir / FAILURES_DIR).glob("rank*.json")}
     if len(finished) >= world_size:
         return True
     return "failed" if failed and len(finished | failed) >= world_size else False

@@ -38,7 +38,7 @@ def _record_failure(exc_type, exc, tb):
     run_dir = os.environ.get("COURSE_RUN_DIR")
     if run_dir:
         try:
-            folder = os.path.join(run_dir, "failures")
+            folder = os.path.join(run_dir, "failures")       # launch.failures.FAILURES_DIR
             os.makedirs(folder, exist_ok=True)
             rank = os.environ.get("RANK", "?")
             tmp = os.path.join(folder, f".rank{rank}.json.tmp")
@@ -83,7 +83,7 @@ def _end_rank_without_teardown():
             pass
     if code == 0:
         try:
-            folder = os.path.join(os.environ["COURSE_RUN_DIR"], "finished")
+            folder = os.path.join(os.environ["COURSE_RUN_DIR"], "finished")       # scaffolding.FINISHED_DIR
             os.makedirs(folder, exist_ok=True)
             open(os.path.join(folder, f"rank{os.environ['RANK']}"), "w").close()
         except OSError:
