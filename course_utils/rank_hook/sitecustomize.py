@@ -23,31 +23,32 @@ _previous_hook = sys.excepthook
 _state = {"failed": False, "exit_status": None}
 
 
-def _record_failure(exc_type, exc, tb):
-    when = time.time()
-    _state["failed"] = True
-    if not _IS_RANK:
-        _previous_hook(exc_type, exc, tb)
-        return
-    _previous_hook(exc_type, exc, tb)      # the traceback first: once every rank has a record, the runner ends the launch
-    for stream in (sys.stderr, sys.stdout):
+def _flush_standard_streams():
+    for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    run_dir = os.environ.get("COURSE_RUN_DIR")
-    if run_dir:
-        try:
-            folder = os.path.join(run_dir, "failures")       # launch.failures.FAILURES_DIR
-            os.makedirs(folder, exist_ok=True)
-            rank = os.environ.get("RANK", "?")
-            tmp = os.path.join(folder, f".rank{rank}.json.tmp")
-            with open(tmp, "w") as f:
-                json.dump({"rank": rank, "time": when, "error": f"{exc_type.__name__}: {exc}",
-                           "traceback": "".join(traceback.format_exception(exc_type, exc, tb))}, f)
-            os.replace(tmp, os.path.join(folder, f"rank{rank}.json"))     # complete when it appears
-        except OSError:
-            pass
+
+
+def _record_failure(exc_type, exc, tb):
+    when = time.time()
+    _state["failed"] = True
+    _previous_hook(exc_type, exc, tb)      # the traceback first: once every rank has a record, the runner ends the launch
+    if not _IS_RANK:
+        return
+    _flush_standard_streams()
+    try:
+        folder = os.path.join(os.environ["COURSE_RUN_DIR"], "failures")       # launch.failures.FAILURES_DIR
+        os.makedirs(folder, exist_ok=True)
+        rank = os.environ["RANK"]
+        tmp = os.path.join(folder, f".rank{rank}.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"rank": rank, "time": when, "error": f"{exc_type.__name__}: {exc}",
+                       "traceback": "".join(traceback.format_exception(exc_type, exc, tb))}, f)
+        os.replace(tmp, os.path.join(folder, f"rank{rank}.json"))     # complete when it appears
+    except OSError:
+        pass
 
 
 sys.excepthook = _record_failure
@@ -76,11 +77,7 @@ def _end_rank_without_teardown():
                     obj.flush()
             except (OSError, ValueError):
                 pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_standard_streams()
     if code == 0:
         try:
             folder = os.path.join(os.environ["COURSE_RUN_DIR"], "finished")       # scaffolding.FINISHED_DIR
