@@ -55,10 +55,11 @@ def _call(fn: Callable, args: tuple, hint: "str | Sequence[str]") -> Any:
         raise _not_done(fn, hint) from None
 
 
-def check(condition: bool, hint: "str | Sequence[str]", key: str | None = None) -> None:
-    """Fail with ``hint`` (its next tier on each failure of exercise ``key``) unless ``condition`` holds."""
+def check(condition: bool, hint: "str | Sequence[str]", key: str | None = None, said: str = "") -> None:
+    """Fail with ``hint`` (its next tier on each failure of exercise ``key``) unless ``condition`` holds;
+    ``said`` (what was wrong, never the answer) comes before the hint."""
     if not condition:
-        raise ExerciseCheckError(hint_text(hint, key))
+        raise ExerciseCheckError(f"{said} Hint: {hint_text(hint, key)}" if said else hint_text(hint, key))
     print("✔ check passed")
 
 
@@ -119,15 +120,15 @@ def answer_or(fn: Callable, *args: Any, fallback: Any, instead: str) -> Any:
     return fallback
 
 
-def export_done(fns: "Sequence[Callable]", folder: "Path | str") -> list[str]:
+def export_done(fns: "Sequence[Callable]", folder: "Path | str", instead: str | None = None) -> list[str]:
     """Export the exercise functions the learner has written (one file each, see :func:`export_function`);
-    for the others the ranks use the course's own code, and one line says so."""
+    for the others the ranks use the course's own code, or do what ``instead`` says, and one line says so."""
     from pathlib import Path
 
     missing = [_name(fn) for fn in fns if not is_done(fn)]
     if missing:
-        print(f"⏭  not written yet: {', '.join(missing)}; the ranks use the course's version of "
-              f"{'it' if len(missing) == 1 else 'them'} (its check below fails until you write yours)")
+        instead = instead or f"the ranks use the course's version of {'it' if len(missing) == 1 else 'them'}"
+        print(f"⏭  not written yet: {', '.join(missing)}; {instead} (its check below fails until you write yours)")
     return [export_function(fn, Path(folder) / f"{_name(fn)}.py") for fn in fns if is_done(fn)]
 
 

@@ -251,6 +251,16 @@ def validate(config: dict | str | Path, world_size: int = 1, trainer: bool = Fal
 
     ``trainer=True`` allows "auto" values, which only the Hugging Face Trainer fills in.
     """
+    return _checked(config, world_size, trainer)[0]
+
+
+def parse(config: dict | str | Path, world_size: int = 1) -> Any:
+    """DeepSpeed's own reading of a config for ``world_size`` ranks (its ``DeepSpeedConfig``: resolved batch
+    sizes, ``zero_config``, precision), after the same checks as :func:`validate`."""
+    return _checked(config, world_size, trainer=False)[1]
+
+
+def _checked(config: dict | str | Path, world_size: int, trainer: bool) -> tuple[dict, Any]:
     cfg, name = load(config)
     autos = auto_keys(cfg)
     if autos and not trainer:
@@ -262,4 +272,4 @@ def validate(config: dict | str | Path, world_size: int = 1, trainer: bool = Fal
     _check_top_level(checked, read, name)
     _check_stage_options(checked, parsed.zero_optimization_stage, name)
     _check_optimizer_and_scheduler(checked, name)
-    return cfg
+    return cfg, parsed

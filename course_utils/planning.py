@@ -94,7 +94,7 @@ class Workload:
     ckpt_act_gb_per_sample: float  # the same with gradient checkpointing
 
 
-def _rung_needs(w: Workload, m: Machine, stage: int, offload_opt: bool, offload_param: bool,
+def rung_needs(w: Workload, m: Machine, stage: int, offload_opt: bool, offload_param: bool,
                 nvme: bool) -> tuple[float, float]:
     """(GB per GPU, GB of host memory per node) for model states, by DeepSpeed's estimators where it
     has one (stages 2 and 3), the paper's formula otherwise."""
@@ -144,7 +144,7 @@ def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
     """
     tried = []
     for name, stage, off_opt, off_param, nvme, ckpt in OOM_LADDER:
-        states_gpu, cpu = _rung_needs(w, m, stage, off_opt, off_param, nvme)
+        states_gpu, cpu = rung_needs(w, m, stage, off_opt, off_param, nvme)
         act = w.ckpt_act_gb_per_sample if ckpt else w.act_gb_per_sample
         gpu = states_gpu + act
         fits_gpu, fits_cpu = gpu <= m.gpu_gb, cpu <= m.cpu_gb
@@ -163,6 +163,53 @@ def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
                     "micro_batch": batch, "why": why, "tried": tried}
     return {"rung": None, "why": "nothing on the ladder fits: more GPUs, more host memory or NVMe needed",
             "tried": tried}
+
+
+def config_rung(parsed: Any) -> tuple[int, bool, bool, bool]:
+    """``(stage, offload_optimizer, offload_param, nvme)`` of a config as DeepSpeed parsed it
+    (:func:`course_utils.configs.parse`), in the ladder's terms."""
+    zero = parsed.zero_config
+
+    def device(section: Any) -> str:
+        found = getattr(section, "device", None) if section is not None else None
+        return str(getattr(found, "value", found))
+
+    opt, param = device(zero.offload_optimizer), device(zero.offload_param)
+    return int(zero.stage), opt in ("cpu", "nvme"), param in ("cpu", "nvme"), "nvme" in (opt, param)
+
+
+def plan_problem(parsed: Any, w: Workload, m: Machine, global_batch: int) -> str | None:
+    """What keeps a parsed config from being the plan for ``w`` on ``m`` (the first rung of the ladder that
+    fits, in mixed precision, with the largest micro-batch that fits and makes up ``global_batch``), or None.
+    It says what the config gives and which requirement it misses, never the configuration wanted."""
+    if not (parsed.bfloat16_config.enabled or parsed.float16_config.enabled):
+        return ("your config trains in fp32; the estimators and the ladder assume mixed precision (16-bit parameters "
+                "and gradients), and fp32 doubles them.")
+    if parsed.train_batch_size != global_batch:
+        return f"DeepSpeed resolves your config to a global batch of {parsed.train_batch_size} sequences, not {global_batch}."
+    rung = config_rung(parsed)
+    states_gpu, cpu = rung_needs(w, m, *rung)
+    micro, act = parsed.train_micro_batch_size_per_gpu, w.ckpt_act_gb_per_sample
+    fits_host = cpu <= m.cpu_gb and (not rung[3] or w.params * 16 / GB <= m.nvme_gb)
+    best = first_fit(w, m)
+    if rung[3] and not m.nvme_gb:
+        return "your config offloads to NVMe, and this machine has no NVMe disk to offload to."
+    if rung != (best.get("stage"), best.get("offload_optimizer"), best.get("offload_param"), best.get("nvme")):
+        if states_gpu + act <= m.gpu_gb and fits_host:
+            return ("your config fits, but it partitions or offloads more than it needs: an earlier rung of the ladder "
+                    "fits too, and each rung costs speed.")
+        return (f"DeepSpeed's estimators put your config's model states at {states_gpu:.1f} GB per GPU and "
+                f"{cpu:.0f} GB of host memory: with the activations of even one sample it does not fit "
+                f"{m.gpu_gb} GB GPUs with {m.cpu_gb} GB of host memory.")
+    if states_gpu + act * micro > m.gpu_gb:
+        return (f"a micro-batch of {micro} needs {states_gpu + act * micro:.1f} GB per GPU with its activations, more "
+                f"than {m.gpu_gb} GB.")
+    per_rank = global_batch // m.gpus
+    usable = [b for b in range(1, per_rank + 1) if per_rank % b == 0 and states_gpu + act * b <= m.gpu_gb]
+    if micro < max(usable):
+        return (f"a micro-batch of {micro} fits, but a larger one fits too and still makes up the global batch: "
+                f"fewer, larger micro-steps are faster.")
+    return None
 
 
 # ---------------------------------------------------------------- the calculator

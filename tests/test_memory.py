@@ -157,3 +157,34 @@ def test_notebook_04_prediction_and_notebook_05_calculator_agree(dtype, ranks):
         parts = planning.per_rank_bytes(psi / 1e9, ranks, stage, option, dtype)
         calculated = sum(p["device"] for p in parts.values()) * zero_rules.GB
         assert calculated == pytest.approx(predicted[rung], rel=1e-12), (rung, option)
+
+
+def test_a_plan_config_is_judged_by_deepspeeds_reading_and_the_ladder():
+    """Notebook 05's exercise 2: each way a config can miss the plan gets its own message, none naming the answer."""
+    from course_utils import configs
+
+    work = planning.Workload(params=6.7e9, largest_layer=32000 * 4096, act_gb_per_sample=6, ckpt_act_gb_per_sample=1.5)
+    machine = planning.Machine(gpu_gb=24, gpus=2, cpu_gb=256)
+    right = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+
+    def problem(**change):
+        cfg = {**right, **change}
+        return planning.plan_problem(configs.parse({k: v for k, v in cfg.items() if v is not None}, world_size=2),
+                                     work, machine, 64)
+
+    assert problem() is None
+    assert planning.config_rung(configs.parse(right, world_size=2)) == (2, True, False, False)
+    assert "fp32" in problem(bf16=None)
+    assert problem(bf16=None, fp16={"enabled": True}) is None
+    assert "global batch of 32" in problem(train_batch_size=32)
+    assert "does not fit" in problem(zero_optimization={"stage": 3})                          # too little memory
+    assert "more than it needs" in problem(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"}})
+    assert "no NVMe" in problem(zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"},
+                                                   "offload_param": {"device": "nvme", "nvme_path": "/x"}})
+    assert "more than 24 GB" in problem(train_micro_batch_size_per_gpu=8)
+    assert "a larger one fits too" in problem(train_micro_batch_size_per_gpu=2)
+    with pytest.raises(configs.ConfigError, match="train_batch_size is not equal"):    # DeepSpeed's own assertion
+        configs.parse({**right, "train_micro_batch_size_per_gpu": 7}, world_size=2)
+    for message in filter(None, [problem(train_micro_batch_size_per_gpu=2), problem(train_batch_size=32)]):
+        assert "micro-batch of 4" not in message and "stage 2" not in message

@@ -18,5 +18,10 @@ def test_notebook_runs_and_records_its_figures():
     assert m["accelerator"] == hardware.detect().accelerator
     assert m["all_reduce_sum"] == procs * (procs + 1) / 2
     assert "cpu_adam" in m["ops_compatible"]
-    # rank 1 raised while rank 0 waited in all_reduce: the error names rank 1 and shows its own traceback
+    # rank 1 read the file before rank 0 had written it: the error names rank 1 and shows its own traceback
     assert m["failure_first_line"].startswith("Rank 1 failed") and m["failure_names_cause"] is True
+    # the exercises' launches: every rank gathered every pid; with the barrier no rank read before the build
+    # (1.5 s on rank 0), so every rank spent at least that long in prepare_then_read
+    assert m["roll_call_matches_pids"] is True and m["roll_call_world_size"] == procs
+    assert m["prepare_fixed"] is True
+    assert len(m["prepare_seconds"]) >= 2 and min(m["prepare_seconds"].values()) >= 1.4

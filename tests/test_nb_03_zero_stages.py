@@ -35,6 +35,7 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
             assert r["measured_bytes"] <= earlier[-1]["measured_bytes"]
     assert m["max_gap_to_adjusted"] < 0.05
     assert m["stage3_shard_numel"] == -(-m["stage3_weight_numel"] // procs)
+    assert m["stage3_prediction_matches"] is True      # exercise 2's solution against every rank's record
     yours = m["your_config"]           # exercise 1's solution, launched on 4 ranks beside the course's runs
     assert (yours["stage"], yours["dtype"], yours["world_size"]) == (3, "fp32", 4)
     held = yours["measured"]["model_states"]

@@ -51,9 +51,15 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert m["nvme_swap_files"] >= 2
     assert m["client_optimizer_refused"] is True
     knobs = {r["name"]: r for r in m["knobs"]}
-    assert len(knobs) == 4
+    assert len(knobs) == 4, "smoke: tight, the question's raise, persist everything, and exercise 2's setting"
     tight = knobs["knobs: tight (live 1e5, reuse 0, prefetch 0)"]
     persist = knobs["knobs: persist everything (threshold 1e7)"]
     assert persist["persistent_numel"] > 10 * tight["persistent_numel"]
     raised = knobs["knobs: the question's raise (live 3e10, reuse 1e10)"]
     assert raised["gathered_in_forward"] >= tight["gathered_in_forward"] > 0
+    # exercise 2, measured in the ranks: every parameter but the token embedding marked persistent (ds_persist),
+    # so forward gathered the embedding alone
+    yours = m["persist_all_but_embedding"]
+    assert yours["persistent_numel"] == yours["total"] - yours["embedding"] > 0
+    assert yours["gathered"] == yours["embedding"]
+    assert knobs["knobs: yours (exercise 2)"]["persistent_numel"] == yours["persistent_numel"]

@@ -38,3 +38,6 @@ def test_planning_figures():
     assert m["rule_vs_measured_gb"]["5e+08"][1] == pytest.approx(2.0), "5e8 bf16 buckets with overlap_comm: 2 × 5e8 × 2 B"
     assert m["first_fit"]["1 × 24 GB, 64 GB host, 2 TB NVMe"] == "ZeRO-Infinity: offload to NVMe"
     assert m["calculator_params"] == 7.5e9, "the calculator opens on the paper's 7.5 B parameters"
+    # exercise 2, as DeepSpeed resolved the course's config: ZeRO-2 + optimizer offload, 4 × 8 × 2 ranks = 64
+    assert m["plan_rung"] == [2, True, False, False]
+    assert (m["plan_micro_batch"], m["plan_accumulation"]) == (4, 8)
