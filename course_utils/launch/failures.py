@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from .. import paths
+from .processes import main_thread_stack
 from .result import LaunchResult
 
 TAIL_LINES = 25
@@ -81,6 +82,16 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
     """The :class:`LaunchError` message: a timeout (every rank's last lines) or the first failing rank."""
     where = f"Logs: {paths.relative(result.run_dir)}/launch.log and ranks/." + (f" {note}" if note else "")
     if timed_out:
+        if result.stacks:
+            where_each = "\n".join(f"--- rank {r}: where it was (most recent call first) ---\n{main_thread_stack(t)}"
+                                   for r, t in sorted(result.stacks.items()))
+            missing = sorted(set(range(result.world_size)) - set(result.stacks))
+            return (f"Launch timed out after {timeout:.0f} s; every rank's Python stack was taken, then every "
+                    f"process of the launch was killed. Compare the ranks: one waiting in a collective (all_reduce, "
+                    f"barrier, ...) that another never reached is a hang; all of them busy in training code is a run "
+                    f"that needs a longer timeout=.\n{where_each}\n"
+                    + (f"(no stack from rank(s) {missing}: not started yet, or already gone)\n" if missing else "")
+                    + f"All threads: {paths.relative(result.run_dir)}/stacks/. {where}")
         tails = "\n".join(f"--- rank {r} (last lines) ---\n{tail(t, 8)}" for r, t in sorted(result.rank_logs.items()))
         return (f"Launch timed out after {timeout:.0f} s and every process of it was killed. A rank stuck "
                 f"in a collective (all_reduce, barrier, ...) that another rank never reached looks like "

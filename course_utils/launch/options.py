@@ -29,12 +29,15 @@ class LaunchOptions:
     verbose: bool = False                         # also stream the lines the learner filter hides
     quiet: bool = False                           # stream nothing
     precheck: bool = True                         # validate the config with configs.validate first
+    on_timeout: str = "stacks"                    # "stacks": dump every rank's Python stacks, then kill; "kill"
 
     def __post_init__(self) -> None:
         if not isinstance(self.procs, int) or self.procs < 1:
             raise ValueError(f"procs must be a whole number of ranks per node ≥ 1, not {self.procs!r}")
         if not isinstance(self.nodes, int) or self.nodes < 1:
             raise ValueError(f"nodes must be a whole number ≥ 1, not {self.nodes!r}")
+        if self.on_timeout not in ("stacks", "kill"):
+            raise ValueError(f'on_timeout must be "stacks" or "kill", not {self.on_timeout!r}')
 
     @property
     def world_size(self) -> int:

@@ -21,6 +21,7 @@ class LaunchResult:
     world_size: int
     rank_logs: dict[int, str] = field(default_factory=dict)
     hidden_lines: int = 0         # lines kept in the log but not streamed (launcher/library chatter)
+    stacks: dict[int, str] = field(default_factory=dict)   # on a timeout: each rank's Python stacks (faulthandler)
 
     @property
     def metrics(self) -> dict[str, Any]:

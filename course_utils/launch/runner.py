@@ -19,7 +19,8 @@ from . import commands as cmds
 from .environment import rank_environment
 from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
 from .options import DEFAULT_TIMEOUT, LaunchOptions
-from .processes import kill_group, release_shm_buffers, signal_groups, start_launchers, start_watchdog
+from .processes import (kill_group, rank_stacks, release_shm_buffers, signal_groups, start_launchers,
+                        start_watchdog)
 from .result import LaunchError, LaunchResult
 from .streams import LearnerFilter, Streams
 
@@ -31,7 +32,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
               timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1, name: str | None = None,
               trainer: bool = False, config_arg: str = "--deepspeed_config", check: bool = True,
               verbose: bool = False, quiet: bool = False, precheck: bool = True,
-              min_ranks: int | None = None) -> LaunchResult:
+              min_ranks: int | None = None, on_timeout: str = "stacks") -> LaunchResult:
     """Launch ``script`` on ``procs`` ranks (per node) with the real ``deepspeed`` launcher.
 
     - ``procs``: ranks per node; default one per GPU, or 2 CPU ranks without a GPU.
@@ -44,6 +45,9 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     - ``precheck=False``: skip that validation and pass the config unchanged, to meet DeepSpeed's own error.
     - ``nodes``: simulate several nodes on this machine (one launcher per node, ``--no_ssh``).
     - ``timeout``: seconds until every process of the launch is killed and :class:`LaunchError` raised.
+    - ``on_timeout="stacks"`` (the default): before killing, ask every rank for its Python stacks (the rank
+      hook's ``faulthandler``, on SIGUSR1) and put where each rank waited into the error (``result.stacks``, and
+      ``stacks/`` in the run folder); ``"kill"`` kills at once.
     - ``check``: raise :class:`LaunchError` when a rank fails (else return the result with its returncode).
     - ``verbose``: also stream the launcher/library chatter (DeepSpeed's INFO lines, deprecation warnings;
       they are always in ``result.log``); ``quiet``: stream nothing.
@@ -55,7 +59,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
             print(place.note, flush=True)
     options = LaunchOptions(procs=place.procs, nodes=nodes, config=config,
                             trainer=trainer, config_arg=config_arg, timeout=timeout, env=env, name=name,
-                            check=check, verbose=verbose, quiet=quiet, precheck=precheck)
+                            check=check, verbose=verbose, quiet=quiet, precheck=precheck, on_timeout=on_timeout)
     return run(script, script_args, options)
 
 
@@ -85,6 +89,12 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
             if not options.quiet and (teaches or options.verbose):
                 print(line, flush=True)
 
+    stacks: dict[int, str] = {}
+
+    def before_kill_on_timeout() -> None:
+        if options.on_timeout == "stacks":
+            stacks.update(rank_stacks(run_dir))
+
     started = time.monotonic()
     launchers: list[subprocess.Popen] = []
     watchdog: subprocess.Popen | None = None
@@ -93,7 +103,7 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
         watchdog = start_watchdog(launchers, port)
         streams = Streams(launchers, run_dir / "ranks")
         timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout,
-                                         lambda: _ranks_done(run_dir, options.world_size))
+                                         lambda: _ranks_done(run_dir, options.world_size), before_kill_on_timeout)
     except BaseException:
         kill_group(launchers)
         raise
@@ -113,7 +123,7 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     result = LaunchResult(returncode=returncode, log="\n".join(log_lines), records=read_records(run_dir),
                           run_dir=run_dir, command=shown, seconds=seconds, world_size=options.world_size,
                           rank_logs={r: "\n".join(lines) for r, lines in streams.rank_text.items()},
-                          hidden_lines=hidden)
+                          hidden_lines=hidden, stacks=stacks)
     note = "" if options.quiet else hidden_note(hidden, run_dir)
     if returncode != 0 and options.check:
         raise LaunchError(failure_message(result, timed_out, options.timeout, note), result)
@@ -134,7 +144,8 @@ def _ranks_done(run_dir: Path, world_size: int) -> bool | str:
 
 
 def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callable[[list[str]], None],
-               started: float, timeout: float, all_finished: Callable[[], bool | str]) -> tuple[bool, bool | str]:
+               started: float, timeout: float, all_finished: Callable[[], bool | str],
+               on_timeout: Callable[[], None] = lambda: None) -> tuple[bool, bool | str]:
     """Stream until every launcher has exited; end the launch early on a failed node or the timeout.
 
     Returns (whether the timeout ended it, ``all_finished()`` when that ended it: ``True`` when every rank
@@ -142,7 +153,8 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
     ends the others too, since their ranks would wait forever in a collective for the ranks that are
     gone. Once every rank has passed ``scaffolding.finish()`` (its output flushed, its mark in the run
     folder), or every rank has ended and some of them failed, the launch is over: the launchers, idle in
-    DeepSpeed's once-a-second polling loop and their own shutdown (2–3 s), are ended at once.
+    DeepSpeed's once-a-second polling loop and their own shutdown (2–3 s), are ended at once. On the timeout,
+    ``on_timeout()`` runs before the kill (the runner collects the ranks' stacks there).
     """
     timed_out = finished = False
     while True:
@@ -163,7 +175,10 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
             break
         if time.monotonic() - started > timeout:
             timed_out = True
-            kill_group(launchers)
+            try:
+                on_timeout()
+            finally:
+                kill_group(launchers)
             break
         time.sleep(0.1)
     for t in streams.readers:

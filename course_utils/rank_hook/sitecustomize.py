@@ -95,9 +95,27 @@ def _exit_remembering_status(status=None, _exit=sys.exit):
     _exit(status)
 
 
+def _register_stack_dump():
+    """Let the runner ask this rank where it is: on SIGUSR1, Python's ``faulthandler`` writes every thread's
+    stack to ``stacks/rank<N>-<pid>.txt`` in the run folder (no privileges needed, unlike attaching a debugger).
+    The runner sends it when a launch times out, before it kills the ranks, so a hang names the line each rank
+    was waiting on (``launch.processes.rank_stacks``)."""
+    import faulthandler
+    import signal
+    try:
+        folder = os.path.join(os.environ["COURSE_RUN_DIR"], "stacks")      # launch.processes.STACKS_DIR
+        os.makedirs(folder, exist_ok=True)
+        stream = open(os.path.join(folder, f"rank{os.environ['RANK']}-{os.getpid()}.txt"), "w")
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+        _state["stack_file"] = stream          # faulthandler writes to its descriptor: keep it open
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 if _IS_RANK:
     sys.exit = _exit_remembering_status
     atexit.register(_end_rank_without_teardown)
+    _register_stack_dump()
 
 
 def _remember_cpu_info():
