@@ -6,9 +6,6 @@ the mismatch error, and HfDeepSpeedConfig before from_pretrained under ZeRO-3.
 2. The same with deepspeed=<dict>: the same run (the same losses).
 3. Config values that contradict TrainingArguments (lr, betas, warmup_num_steps): the one error the Trainer raises.
 4. ZeRO-3: from_pretrained with and without a live HfDeepSpeedConfig: partitioned or not.
-``--plain_training_arguments`` builds TrainingArguments directly (without course_utils.rank.trainer), to show
-what happens on CPU ranks when the distributed state is not prepared.
-
 Run from a terminal:  deepspeed --num_gpus 2 scripts/08_trainer_integration.py --deepspeed_config configs/08_trainer.json
 """
 import argparse
@@ -20,7 +17,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 from accelerate.state import AcceleratorState
-from transformers import GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2LMHeadModel, Trainer
 from transformers.integrations import HfDeepSpeedConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
@@ -68,8 +65,7 @@ def trainer_settings(args) -> dict:
 def train(args, deepspeed_config, data) -> tuple[Trainer, list[float]]:
     """One Trainer run; the DeepSpeed plugin of the previous run is forgotten first."""
     AcceleratorState._reset_state()
-    make = TrainingArguments if args.plain_training_arguments else training_arguments
-    targs = make(output_dir=scratch_dir(), deepspeed=deepspeed_config, **trainer_settings(args))
+    targs = training_arguments(output_dir=scratch_dir(), deepspeed=deepspeed_config, **trainer_settings(args))
     rank0_print(f"TrainingArguments: world_size={targs.world_size}, parallel_mode={targs.parallel_mode}")
     trainer = Trainer(model=tiny_gpt2("trainer"), args=targs, train_dataset=data)
     trainer.train()
@@ -122,8 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=4, help="training steps of each Trainer run")
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--parts", type=int, nargs="*", default=[1, 2, 3, 4], help="which of the parts above to run")
-    parser.add_argument("--plain_training_arguments", action="store_true",
-                        help="build TrainingArguments directly: on CPU ranks the Trainer then sees world size 1")
     return parser
 
 

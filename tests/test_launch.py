@@ -10,6 +10,7 @@ import pytest
 
 from conftest import processes_of
 from course_utils import hardware, launch
+from course_utils.launch.processes import STACKS_DIR, main_thread_stack, rank_stacks
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -25,25 +26,34 @@ def test_hung_launch_is_killed_at_the_timeout():
     assert not processes_of(err.value.result.run_dir), "a rank survived the timeout"
 
 
-def test_interrupt_kills_every_process_of_the_launch():
-    """A notebook interrupt is a KeyboardInterrupt in the cell's thread: the launch must not survive it."""
+def test_interrupt_kills_every_process_of_the_launch_and_a_hang_shows_each_ranks_stack():
+    """A notebook interrupt is a KeyboardInterrupt in the cell's thread: the launch must not survive it. Before
+    interrupting, a hung launch (rank 0 waits in an all_reduce that rank 1 never reaches) is asked for its ranks'
+    Python stacks, as the runner does at a timeout: the rank hook's faulthandler answers on SIGUSR1, also in a
+    rank blocked inside the collective."""
     seen: dict = {}
 
-    def interrupt_soon():
-        while not seen.get("run_dir"):
-            dirs = sorted((launch.paths.runs_dir()).glob("*-sleep_forever-*"))
-            new = [d for d in dirs if d not in seen.get("before", [])]
-            if new and any(new[0].glob("ranks/*_rank1.log")):
-                seen["run_dir"] = new[0]
-            time.sleep(0.2)
-        seen["alive_before"] = len(processes_of(seen["run_dir"]))
+    def stacks_then_interrupt():
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline and not seen.get("stacks"):
+            new = [d for d in sorted(launch.paths.runs_dir().glob("*-one_rank_skips-*")) if d not in seen["before"]]
+            if new and len(list((new[0] / STACKS_DIR).glob("rank*.txt"))) == 2:
+                stacks = rank_stacks(new[0])      # again until both ranks are where the script leaves them
+                if "in all_reduce" in stacks.get(0, "") and "in wait_for_data" in stacks.get(1, ""):
+                    seen.update(run_dir=new[0], stacks=stacks, alive_before=len(processes_of(new[0])))
+            time.sleep(0.5)
         import _thread
         _thread.interrupt_main()
 
-    seen["before"] = sorted(launch.paths.runs_dir().glob("*-sleep_forever-*"))
-    threading.Thread(target=interrupt_soon, daemon=True).start()
+    seen["before"] = sorted(launch.paths.runs_dir().glob("*-one_rank_skips-*"))
+    threading.Thread(target=stacks_then_interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        launch.deepspeed(SCRIPTS / "sleep_forever.py", procs=2, timeout=120, quiet=True)
+        launch.deepspeed(SCRIPTS / "one_rank_skips.py", procs=2, timeout=120, quiet=True)
+    assert seen.get("stacks"), "no rank answered SIGUSR1 with its stack within 100 s"
+    assert "wait_for_data" not in seen["stacks"][0] and "in all_reduce" not in seen["stacks"][1]
+    main0 = main_thread_stack(seen["stacks"][0])
+    assert "torch/distributed/distributed_c10d.py" in main0 and "site-packages" not in main0, main0
+    assert 'tests/scripts/one_rank_skips.py", line 16 in <module>' in main0, main0
     assert seen["alive_before"] >= 3, "the launch should have been running (launcher + 2 ranks)"
     assert not processes_of(seen["run_dir"])
 

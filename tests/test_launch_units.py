@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import hardware
+from course_utils import paths as launch_paths
 from course_utils.configs import ConfigError
 from course_utils.launch import CommandError, LaunchOptions, command, commands, environment, failures
 from course_utils.launch.result import LaunchResult
@@ -229,6 +230,37 @@ def test_supervise_ends_idle_launchers_once_every_rank_finished(tmp_path):
     assert still.returncode == 0
 
 
+def test_a_timeout_takes_the_stacks_before_the_kill_and_the_error_shows_them(tmp_path):
+    """On the timeout, _supervise runs on_timeout() while the launch is still alive, then kills it; the error of
+    a timed-out launch with stacks shows each rank's main-thread frames and names a rank that gave none."""
+    import subprocess
+    import time
+
+    from course_utils.launch.failures import failure_message
+    from course_utils.launch.result import LaunchResult
+    from course_utils.launch.runner import _supervise
+    from course_utils.launch.streams import Streams
+
+    (tmp_path / "ranks").mkdir()
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    alive_at_dump = []
+    timed_out, _ = _supervise([hung], Streams([hung], tmp_path / "ranks"), lambda lines: None, time.monotonic(), 1,
+                              lambda: False, lambda: alive_at_dump.append(hung.poll() is None))
+    assert timed_out and alive_at_dump == [True] and hung.poll() is not None
+
+    dump = ('Thread 0x00007f01 (most recent call first):\n  File "/v/lib/python3.11/threading.py", line 331 in wait\n\n'
+            'Current thread 0x00007f02 (most recent call first):\n'
+            '  File "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+            f'  File "{launch_paths.ROOT}/scripts/x.py", line 16 in <module>\n')
+    result = LaunchResult(returncode=124, log="", records=[], run_dir=tmp_path, command="", seconds=1.0,
+                          world_size=2, stacks={0: dump})
+    message = failure_message(result, True, 30)
+    assert "rank 0: where it was" in message and "(no stack from rank(s) [1]" in message
+    assert 'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce' in message
+    assert 'File "scripts/x.py", line 16 in <module>' in message and "threading.py" not in message
+
+
 def test_rank_hook_compiles_muon_kernels_when_first_called():
     """Every ZeRO engine imports DeepSpeed's Muon module (is_zero_supported_optimizer), whose three
     ``@compiler.compile()`` kernels imported TorchDynamo and Inductor at once (~3 s per rank): the rank hook
@@ -308,7 +340,7 @@ def test_the_trainer_counting_one_rank_on_cpu_is_named_in_the_error():
                'related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * '
                'world_size 4 != 4 * 1 * 2')
     assert "counted itself alone" in diagnosis(trainer) or "ONE rank" in diagnosis(trainer)
-    assert "training_arguments" in diagnosis(trainer)
+    assert "use_configured_state" in diagnosis(trainer) and "COURSE_HOOK_TRAINER=0" in diagnosis(trainer)
     assert diagnosis(trainer.replace("4 != 4 * 1 * 2", "64 != 32 * 4 * 2")) == ""
     assert diagnosis("RuntimeError: something else") == ""
 

@@ -72,9 +72,10 @@ def diagnosis(trace: str) -> str:
         if world > 1 and train == micro * accumulation and ("transformers" in trace or "accelerate" in trace):
             return ("What to change: the Trainer computed train_batch_size for ONE rank while DeepSpeed sees "
                     f"{world}. On CPU-only ranks TrainingArguments does not set up the distributed state DeepSpeed "
-                    "uses (accelerate looks for an accelerator), so every rank counts itself alone. Build the "
-                    "arguments with course_utils.rank.trainer.training_arguments(...) (notebook 08, section 1), or "
-                    "create accelerate's PartialState for DeepSpeed over gloo before TrainingArguments.")
+                    "uses (accelerate looks for an accelerator), so every rank counts itself alone. Create "
+                    "accelerate's PartialState for DeepSpeed over gloo before TrainingArguments and pass "
+                    "accelerator_config={'use_configured_state': True} (notebook 08, section 1); the course's rank "
+                    "hook does this for you unless the launch sets COURSE_HOOK_TRAINER=0.")
     return ""
 
 

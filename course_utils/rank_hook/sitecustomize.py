@@ -161,6 +161,32 @@ def _remember_cpu_info():
 _remember_cpu_info()
 
 
+_PATCHES = {}   # module name -> function applied to the module right after it is first imported
+
+
+class _PatchAfterImport:
+    """Meta-path finder that runs ``_PATCHES[name](module)`` once ``name`` has been imported (its own loader
+    executes it first), for the few library modules the rank hook adjusts."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _PATCHES:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute, patch = spec.loader.exec_module, _PATCHES[name]
+
+        def exec_module(module):
+            execute(module)
+            patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
 def _compile_muon_kernels_when_first_called():
     """Let DeepSpeed wrap its Muon kernels in ``torch.compile`` when they first run, not when a ZeRO engine starts.
 
@@ -174,8 +200,6 @@ def _compile_muon_kernels_when_first_called():
     imports that module (the three Muon kernels are its only users in deepspeed 0.19.8).
     """
     import functools
-    import importlib.abc
-    import importlib.machinery
 
     def patch(module):
         make_decorator = module.compile
@@ -195,22 +219,50 @@ def _compile_muon_kernels_when_first_called():
             return lazily
         module.compile = compile
 
-    class Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "deepspeed.runtime.compiler":
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-            if spec is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            execute = spec.loader.exec_module
+    _PATCHES["deepspeed.runtime.compiler"] = patch
 
-            def exec_module(module):
-                execute(module)
-                patch(module)
-            spec.loader.exec_module = exec_module
-            return spec
 
-    sys.meta_path.insert(0, Finder())
+def _trainer_joins_the_cpu_ranks():
+    """On CPU-only ranks, ``TrainingArguments(deepspeed=...)`` joins the launch's process group as on GPUs.
+
+    On GPUs the Trainer's arguments build accelerate's DeepSpeed state by themselves. On CPU-only ranks
+    accelerate looks for an accelerator, finds none, and every rank counts itself alone: the Trainer computes
+    ``train_batch_size`` for one rank and DeepSpeed, which sees them all, rejects it. A learner's own Trainer
+    script would need two extra lines here that it does not need on GPUs, so in a rank of a CPU launch with
+    several ranks the hook adds them: before ``TrainingArguments.__post_init__`` with a ``deepspeed`` config
+    it builds accelerate's ``PartialState`` for DeepSpeed over gloo and sets
+    ``accelerator_config["use_configured_state"]`` (``course_utils.rank.trainer.prepare_cpu_state``, what the
+    course's own scripts call through ``training_arguments``), and rank 0 says so once in its log.
+    ``COURSE_HOOK_TRAINER=0`` in the launch's environment leaves the Trainer as it is (notebook 08 shows why).
+    """
+    if not (_IS_RANK and os.environ.get("DS_ACCELERATOR") == "cpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and os.environ.get("COURSE_HOOK_TRAINER", "1") != "0"):
+        return
+
+    def patch(module):
+        cls = module.TrainingArguments
+        post_init = cls.__post_init__
+
+        def __post_init__(self):
+            if self.deepspeed:
+                from course_utils.rank.trainer import prepare_cpu_state
+                prepare_cpu_state()
+                config = self.accelerator_config
+                if config is None or isinstance(config, dict):
+                    self.accelerator_config = {**(config or {}), "use_configured_state": True}
+                elif hasattr(config, "use_configured_state"):
+                    config.use_configured_state = True
+                if os.environ.get("RANK") == "0" and not _state.get("told_trainer"):
+                    _state["told_trainer"] = True
+                    print("[course rank hook] TrainingArguments(deepspeed=...) on CPU-only ranks: accelerate's DeepSpeed "
+                          "state prepared over gloo first (GPUs need nothing; elsewhere see notebook 08, section 1)",
+                          file=sys.stderr, flush=True)
+            post_init(self)
+        cls.__post_init__ = __post_init__
+
+    _PATCHES["transformers.training_args"] = patch
 
 
 _compile_muon_kernels_when_first_called()
+_trainer_joins_the_cpu_ranks()
+sys.meta_path.insert(0, _PatchAfterImport())
