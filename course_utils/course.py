@@ -109,9 +109,13 @@ def may_start(notebook: Path, running: list[Path], alone: Container[Path], lanes
     return len(running) < lanes and not (running and (notebook in alone or any(nb in alone for nb in running)))
 
 
-def report(outcomes: list[Outcome]) -> str:
+SMOKE_NOTE = "Smoke parameters (the tests' settings): these times are not the course's."
+
+
+def report(outcomes: list[Outcome], smoke: bool = False) -> str:
     lines = ["# DeepSpeed course — run report", "",
              f"{sum(o.ok for o in outcomes)}/{len(outcomes)} notebooks passed.", "",
+             *([SMOKE_NOTE, ""] if smoke else []),
              "| notebook | status | wall time | ran beside |", "|---|---|---|---|"]
     lines += [f"| {o.name} | {'ok' if o.ok else 'FAILED'} | {o.seconds:.0f} s | {', '.join(beside(o, outcomes)) or '—'} |"
               for o in outcomes]
@@ -161,7 +165,11 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
                       flush=True)
                 outcomes.append(o)
     outcomes.sort(key=lambda o: o.name)
-    (build / "report.md").write_text(report(outcomes))
+    (build / "report.md").write_text(report(outcomes, smoke))
+    if not selected and not smoke and all(o.ok for o in outcomes):     # a full run: INSTRUCTORS.md's timings follow it
+        from . import instructors
+        if instructors.update(build / "report.md"):
+            print("INSTRUCTORS.md: timing table rewritten from this run")
     print(f"Report: {paths.relative(build / 'report.md')}; executed notebooks in {paths.relative(build / 'executed')}/, "
           f"HTML in {paths.relative(build / 'html')}/")
     return 0 if all(o.ok for o in outcomes) else 1

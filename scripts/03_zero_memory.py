@@ -290,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stages", type=int, nargs="*", default=[0, 1, 2, 3])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--bf16_stages", type=int, nargs="*", default=None,
+                        help="the stages measured in bf16 (default: --stages); bf16 is emulated on CPU, hence slow")
     parser.add_argument("--show_partitions", action="store_true", help="also show stage 3's ds_tensor, "
                         "GatheredParameters and zero.Init")
     parser.add_argument("--regather", action="store_true", help="also stage 3 with parameters released after use")
@@ -303,7 +305,7 @@ def main(argv=None) -> None:
     args = parse_args(build_parser(), argv)
     deepspeed.init_distributed()
     for dtype in args.dtypes:
-        for stage in args.stages:
+        for stage in args.stages if dtype != "bf16" or args.bf16_stages is None else args.bf16_stages:
             measure(stage, dtype)
     if args.yours:
         measure_yours(args.yours)

@@ -17,7 +17,8 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     for ws in {r["world_size"] for r in rows}:      # every rank of every run reported
         for dtype in {r["dtype"] for r in rows if r["world_size"] == ws}:
             stages = sorted({r["stage"] for r in rows if (r["world_size"], r["dtype"]) == (ws, dtype)})
-            assert stages == [0, 1, 2, 3], (ws, dtype, stages)     # (the smoke run's 4 ranks: exercise 1's config only)
+            # (the smoke run's 4 ranks: exercise 1's config only; its bf16 runs: stages 0 and 3)
+            assert stages == ([0, 3] if dtype == "bf16" else [0, 1, 2, 3]), (ws, dtype, stages)
             for stage in stages:
                 ranks = sorted(r["rank"] for r in rows if (r["world_size"], r["dtype"], r["stage"]) == (ws, dtype, stage))
                 assert ranks == list(range(ws)), (ws, dtype, stage, ranks)
@@ -63,7 +64,7 @@ def check_each_stage_sends_what_deepspeed_0_19_issues(m):
     the padded gradients and gathers each shard once, or at least twice when parameters are released."""
     comm = _comm(m)
     procs = hardware.detect().default_procs
-    assert {(procs, dtype, f"stage {s}") for dtype in ("fp32", "bf16") for s in range(4)} <= set(comm)
+    assert {(procs, "fp32", f"stage {s}") for s in range(4)} | {(procs, "bf16", f"stage {s}") for s in (0, 3)} <= set(comm)
     assert (procs, "fp32", "stage 3, released after use") in comm
     for (n, dtype, run), c in comm.items():
         elem = 4 if dtype == "fp32" else 2

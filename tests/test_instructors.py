@@ -1,0 +1,56 @@
+"""INSTRUCTORS.md's timing table: generated from the report `make course` writes, never typed in."""
+from pathlib import Path
+
+import pytest
+
+from course_utils import course, instructors, paths
+
+
+def _report() -> str:
+    """A report as `make course` writes it: 00 alone, 01 and 02 side by side, 02 failed."""
+    outcomes = [course.Outcome("00_setup_and_first_launch", True, 35.4, Path("x"), started=0, ended=35),
+                course.Outcome("01_distributed_concepts", True, 61.0, Path("x"), started=40, ended=101),
+                course.Outcome("02_first_deepspeed_loop", False, 125.0, Path("x"), error="boom", started=50, ended=175)]
+    return course.report(outcomes)
+
+
+def test_the_table_is_the_reports_times_with_planning_slots():
+    table = instructors.timing_table(_report(), counts={"00_setup_and_first_launch": 2,
+                                                        "01_distributed_concepts": 2, "02_first_deepspeed_loop": 3})
+    lines = table.splitlines()
+    assert lines[2] == "| 00_setup_and_first_launch | 0 min 35 s | 2 | 40 min |"      # 15 + 2 × 10 + 0.6 → 40
+    assert lines[3] == "| 01_distributed_concepts | 1 min 01 s * | 2 | 40 min |"      # ran beside 02: starred
+    assert lines[4] == "| 02_first_deepspeed_loop | 2 min 05 s * (FAILED in that run) | 3 | 50 min |"
+    assert lines[5].startswith("| **all, one after another** | 3 min 41 s | 7 | 2 h 10 min |")
+    with pytest.raises(ValueError, match="make course"):
+        instructors.timing_table("# an empty report\n", counts={})
+
+
+def test_the_guide_keeps_its_text_and_gets_the_table_between_its_markers(tmp_path):
+    guide = tmp_path / "INSTRUCTORS.md"
+    guide.write_text(f"intro\n{instructors.BEGIN}\nold table\n{instructors.END}\noutro\n")
+    report = tmp_path / "report.md"
+    report.write_text(_report())
+    assert instructors.update(report, guide) is True
+    text = guide.read_text()
+    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old table" not in text
+    assert "| 00_setup_and_first_launch | 0 min 35 s |" in text
+    assert instructors.update(report, guide) is False          # already up to date: unchanged
+    with pytest.raises(ValueError, match="markers"):
+        instructors.with_table("no markers here", "table")
+
+
+def test_the_committed_guide_lists_every_notebook_with_its_exercises():
+    """The committed table comes from a full run of the course as it is: every notebook, its exercise count."""
+    text = instructors.GUIDE.read_text()
+    table = text.split(instructors.BEGIN, 1)[1].split(instructors.END, 1)[0]
+    counts = instructors.exercise_counts()
+    assert sorted(counts) == sorted(nb.stem for nb in paths.NOTEBOOKS.glob("*.ipynb"))
+    for name, n in counts.items():
+        assert f"| {name} | " in table and f" | {n} | " in table.split(f"| {name} | ", 1)[1].splitlines()[0], name
+    report = paths.ROOT / "build" / "report.md"          # the developer's own last run, when there is one
+    full = report.exists() and course.SMOKE_NOTE not in report.read_text()
+    if full and len(instructors.report_rows(report.read_text())) == len(counts):
+        assert instructors.with_table(text, instructors.timing_table(report.read_text())) == text, (
+            "INSTRUCTORS.md's table differs from build/report.md: run `make course` (or python -m "
+            "course_utils.instructors)")
