@@ -44,11 +44,14 @@ class RollCall(Record, name="roll_call"):
 
 @dataclass
 class Prepared(Record, name="prepared"):
-    """One rank's ``prepare_then_read()``: whether it read the whole file, how often it built it, how long it took."""
+    """One rank's ``prepare_then_read()``: whether it read the whole file, how often it built it, how long it took,
+    and (clock time) when it returned and when its build, if any, was done."""
     rank: int
     read_right: bool
     builds: int
     seconds: float
+    returned_at: float
+    built_at: float | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,8 +78,8 @@ def run_prepare_then_read(path: str, rank: int) -> None:
     builds = []
 
     def build_vocabulary() -> str:
-        builds.append(rank)
         time.sleep(BUILD_SECONDS)
+        builds.append(time.time())
         return VOCABULARY
 
     target = Path(os.environ.get("COURSE_RUN_DIR", "."), "vocabulary.txt")   # the same path on every rank
@@ -85,7 +88,8 @@ def run_prepare_then_read(path: str, rank: int) -> None:
     seconds = time.perf_counter() - start
     words = len(text.splitlines()) if isinstance(text, str) else 0
     print(f"rank {rank}: read {words} words after {seconds:.1f} s, built the file {len(builds)} time(s)")
-    record(Prepared(rank=rank, read_right=text == VOCABULARY, builds=len(builds), seconds=round(seconds, 3)))
+    record(Prepared(rank=rank, read_right=text == VOCABULARY, builds=len(builds), seconds=round(seconds, 3),
+                    returned_at=time.time(), built_at=builds[-1] if builds else None))
 
 
 def main(argv=None) -> None:

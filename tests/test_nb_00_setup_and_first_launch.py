@@ -20,8 +20,8 @@ def test_notebook_runs_and_records_its_figures():
     assert "cpu_adam" in m["ops_compatible"]
     # rank 1 read the file before rank 0 had written it: the error names rank 1 and shows its own traceback
     assert m["failure_first_line"].startswith("Rank 1 failed") and m["failure_names_cause"] is True
-    # the exercises' launches: every rank gathered every pid; with the barrier no rank read before the build
-    # (1.5 s on rank 0), so every rank spent at least that long in prepare_then_read
+    # the exercises' launches: every rank gathered every pid; with the barrier every rank returned (clock time)
+    # after rank 0's build of the file was done
     assert m["roll_call_matches_pids"] is True and m["roll_call_world_size"] == procs
-    assert m["prepare_fixed"] is True
-    assert len(m["prepare_seconds"]) >= 2 and min(m["prepare_seconds"].values()) >= 1.4
+    assert m["prepare_fixed"] is True and len(m["prepare_seconds"]) >= 2
+    assert m["prepare_every_rank_returned_after_the_build"] is True
