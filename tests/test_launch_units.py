@@ -237,6 +237,7 @@ def test_a_timeout_takes_the_stacks_before_the_kill_and_the_error_shows_them(tmp
     import time
 
     from course_utils.launch.failures import failure_message
+    from course_utils.launch.processes import main_thread_stack
     from course_utils.launch.result import LaunchResult
     from course_utils.launch.runner import _supervise
     from course_utils.launch.streams import Streams
@@ -259,6 +260,9 @@ def test_a_timeout_takes_the_stacks_before_the_kill_and_the_error_shows_them(tmp
     assert "rank 0: where it was" in message and "(no stack from rank(s) [1]" in message
     assert 'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce' in message
     assert 'File "scripts/x.py", line 16 in <module>' in message and "threading.py" not in message
+    deep = "Current thread 0x1 (most recent call first):\n" + "".join(f'  File "t.py", line {i} in f{i}\n' for i in range(20))
+    shown = main_thread_stack(deep + '  File "s.py", line 3 in <module>\n').splitlines()
+    assert shown[0].endswith("in f0") and shown[-1].endswith("in <module>") and "(9 frames)" in shown[6]
 
 
 def test_rank_hook_compiles_muon_kernels_when_first_called():

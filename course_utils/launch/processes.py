@@ -183,9 +183,9 @@ def rank_stacks(run_dir: Path, wait: float = 3.0) -> dict[int, str]:
         time.sleep(0.2)
     stacks = {}
     for rank, (path, before) in sorted(asked.items()):
-        with open(path, errors="replace") as f:
+        with open(path, "rb") as f:
             f.seek(before)
-            text = f.read()
+            text = f.read().decode(errors="replace")
         if text.strip():
             stacks[rank] = text
     return stacks
@@ -193,11 +193,14 @@ def rank_stacks(run_dir: Path, wait: float = 3.0) -> dict[int, str]:
 
 def main_thread_stack(text: str, frames: int = 12) -> str:
     """The main thread's frames from one faulthandler dump (the thread whose oldest frame is ``<module>``),
-    most recent call first, at most ``frames`` of them."""
+    most recent call first; of a deeper stack, the innermost and the outermost ``frames // 2`` (where it waits,
+    and which line of the script got it there)."""
     blocks = [b for b in text.strip().split("\n\n") if "(most recent call first)" in b]
     main = next((b for b in blocks if b.rstrip().endswith("in <module>")), blocks[0] if blocks else "")
     lines = [_short_paths(line.strip()) for line in main.splitlines()[1:]]
-    return "\n".join(lines[:frames] + (["..."] if len(lines) > frames else []))
+    if len(lines) > frames:
+        lines = lines[:frames // 2] + [f"... ({len(lines) - 2 * (frames // 2)} frames)"] + lines[-(frames // 2):]
+    return "\n".join(lines)
 
 
 def _short_paths(frame: str) -> str:
