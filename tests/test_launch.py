@@ -23,26 +23,32 @@ def test_interrupt_kills_every_process_of_the_launch_and_a_hang_shows_each_ranks
     seen: dict = {}
 
     def stacks_then_interrupt():
-        deadline = time.monotonic() + 100
-        while time.monotonic() < deadline and not seen.get("stacks"):
-            new = [d for d in sorted(launch.paths.runs_dir().glob("*-one_rank_skips-*")) if d not in seen["before"]]
-            if new and len(list((new[0] / STACKS_DIR).glob("rank*.txt"))) == 2:
-                stacks = rank_stacks(new[0])      # again until both ranks are where the script leaves them
-                if "in all_reduce" in stacks.get(0, "") and "in wait_for_data" in stacks.get(1, ""):
-                    seen.update(run_dir=new[0], stacks=stacks, alive_before=len(processes_of(new[0])))
-            time.sleep(0.5)
-        import _thread
-        _thread.interrupt_main()
+        try:        # the ranks are asked once both have said they reached their wait (not while they import)
+            deadline = time.monotonic() + 100
+            while time.monotonic() < deadline and not seen.get("stacks"):
+                new = [d for d in sorted(launch.paths.runs_dir().glob("*-one_rank_skips-*")) if d not in seen["before"]]
+                logs = " ".join(p.read_text() for p in new[0].glob("ranks/*.log")) if new else ""
+                if "rank 0 reached its wait" in logs and "rank 1 reached its wait" in logs:
+                    time.sleep(1)                 # rank 0 from its print into the all_reduce
+                    stacks = rank_stacks(new[0])
+                    if "in all_reduce" in stacks.get(0, "") and "in wait_for_data" in stacks.get(1, ""):
+                        seen.update(run_dir=new[0], stacks=stacks, alive_before=len(processes_of(new[0])))
+                time.sleep(0.5)
+        except Exception as err:              # noqa: BLE001 — reported by the assertions below
+            seen["error"] = repr(err)
+        finally:
+            import _thread
+            _thread.interrupt_main()
 
     seen["before"] = sorted(launch.paths.runs_dir().glob("*-one_rank_skips-*"))
     threading.Thread(target=stacks_then_interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         launch.deepspeed(SCRIPTS / "one_rank_skips.py", procs=2, timeout=120, quiet=True)
-    assert seen.get("stacks"), "no rank answered SIGUSR1 with its stack within 100 s"
+    assert seen.get("stacks"), f"no stacks of both ranks at their waits within 100 s ({seen.get('error', 'no error')})"
     assert "wait_for_data" not in seen["stacks"][0] and "in all_reduce" not in seen["stacks"][1]
     main0 = main_thread_stack(seen["stacks"][0])
     assert "torch/distributed/distributed_c10d.py" in main0 and "site-packages" not in main0, main0
-    assert 'tests/scripts/one_rank_skips.py", line 16 in <module>' in main0, main0
+    assert 'tests/scripts/one_rank_skips.py", line 17 in <module>' in main0, main0
     assert seen["alive_before"] >= 3, "the launch should have been running (launcher + 2 ranks)"
     assert not processes_of(seen["run_dir"])
 

@@ -105,8 +105,10 @@ def _register_stack_dump():
     try:
         folder = os.path.join(os.environ["COURSE_RUN_DIR"], "stacks")      # launch.processes.STACKS_DIR
         os.makedirs(folder, exist_ok=True)
-        stream = open(os.path.join(folder, f"rank{os.environ['RANK']}-{os.getpid()}.txt"), "w")
+        name = os.path.join(folder, f"rank{os.environ['RANK']}-{os.getpid()}.txt")
+        stream = open(name + ".tmp", "w")
         faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+        os.replace(name + ".tmp", name)        # the runner signals only ranks whose file exists: registered by then
         _state["stack_file"] = stream          # faulthandler writes to its descriptor: keep it open
     except (OSError, ValueError, AttributeError):
         pass

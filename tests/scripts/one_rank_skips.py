@@ -12,6 +12,7 @@ def wait_for_data():
 
 
 dist.init_process_group("gloo")      # RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the deepspeed launcher
+print(f"rank {dist.get_rank()} reached its wait", flush=True)
 if dist.get_rank() == 0:
     dist.all_reduce(torch.ones(4))
 else:
