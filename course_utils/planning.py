@@ -135,6 +135,12 @@ OOM_LADDER = [
 ]
 
 
+def _fits(w: Workload, m: Machine, gpu_gb: float, cpu_gb: float, nvme: bool) -> bool:
+    """Whether a rung's accelerator bytes (model states and activations) and host bytes fit ``m``, and, for
+    ZeRO-Infinity, its NVMe disk holds the 16 bytes per parameter of the model states."""
+    return gpu_gb <= m.gpu_gb and cpu_gb <= m.cpu_gb and (not nvme or w.params * 16 / GB <= m.nvme_gb)
+
+
 def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
     """Walk the OOM ladder; return the first rung whose memory fits, then the largest micro-batch it allows.
 
@@ -147,11 +153,9 @@ def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
         states_gpu, cpu = rung_needs(w, m, stage, off_opt, off_param, nvme)
         act = w.ckpt_act_gb_per_sample if ckpt else w.act_gb_per_sample
         gpu = states_gpu + act
-        fits_gpu, fits_cpu = gpu <= m.gpu_gb, cpu <= m.cpu_gb
-        fits_nvme = not nvme or w.params * 16 / GB <= m.nvme_gb
-        tried.append({"rung": name, "gpu_gb": round(gpu, 2), "cpu_gb": round(cpu, 2),
-                      "fits": fits_gpu and fits_cpu and fits_nvme})
-        if fits_gpu and fits_cpu and fits_nvme:
+        fits = _fits(w, m, gpu, cpu, nvme)
+        tried.append({"rung": name, "gpu_gb": round(gpu, 2), "cpu_gb": round(cpu, 2), "fits": fits})
+        if fits:
             batch = 1
             while batch < max_batch and states_gpu + act * (batch + 1) <= m.gpu_gb:
                 batch += 1
@@ -190,12 +194,11 @@ def plan_problem(parsed: Any, w: Workload, m: Machine, global_batch: int) -> str
     rung = config_rung(parsed)
     states_gpu, cpu = rung_needs(w, m, *rung)
     micro, act = parsed.train_micro_batch_size_per_gpu, w.ckpt_act_gb_per_sample
-    fits_host = cpu <= m.cpu_gb and (not rung[3] or w.params * 16 / GB <= m.nvme_gb)
     best = first_fit(w, m)
     if rung[3] and not m.nvme_gb:
         return "your config offloads to NVMe, and this machine has no NVMe disk to offload to."
     if rung != (best.get("stage"), best.get("offload_optimizer"), best.get("offload_param"), best.get("nvme")):
-        if states_gpu + act <= m.gpu_gb and fits_host:
+        if _fits(w, m, states_gpu + act, cpu, rung[3]):
             return ("your config fits, but it partitions or offloads more than it needs: an earlier rung of the ladder "
                     "fits too, and each rung costs speed.")
         return (f"DeepSpeed's estimators put your config's model states at {states_gpu:.1f} GB per GPU and "
