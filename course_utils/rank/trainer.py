@@ -39,6 +39,16 @@ def prepare_cpu_state() -> None:
             os.environ["ACCELERATE_USE_DEEPSPEED"] = previous
 
 
+def with_configured_state(accelerator_config: Any) -> Any:
+    """``accelerator_config`` (None, a dict or an ``AcceleratorConfig``) telling the Trainer to use the state
+    :func:`prepare_cpu_state` built (``use_configured_state``); a dict comes back as a new dict, a JSON path unchanged."""
+    if accelerator_config is None or isinstance(accelerator_config, dict):
+        return {**(accelerator_config or {}), "use_configured_state": True}
+    if hasattr(accelerator_config, "use_configured_state"):
+        accelerator_config.use_configured_state = True
+    return accelerator_config
+
+
 def training_arguments(cls: type | None = None, **kwargs: Any):
     """``TrainingArguments`` (or ``cls``, e.g. Seq2SeqTrainingArguments) that work on GPU and CPU ranks."""
     from transformers import TrainingArguments
@@ -46,9 +56,7 @@ def training_arguments(cls: type | None = None, **kwargs: Any):
     cls = cls or TrainingArguments
     if not torch.cuda.is_available():
         prepare_cpu_state()
-        config = dict(kwargs.pop("accelerator_config", None) or {})
-        config["use_configured_state"] = True
-        kwargs["accelerator_config"] = config
+        kwargs["accelerator_config"] = with_configured_state(kwargs.pop("accelerator_config", None))
     kwargs.setdefault("report_to", "none")
     kwargs.setdefault("disable_tqdm", True)      # progress bars garble rank logs; the Trainer still logs losses
     return cls(**kwargs)

@@ -247,13 +247,9 @@ def _trainer_joins_the_cpu_ranks():
 
         def __post_init__(self):
             if self.deepspeed:
-                from course_utils.rank.trainer import prepare_cpu_state
+                from course_utils.rank.trainer import prepare_cpu_state, with_configured_state
                 prepare_cpu_state()
-                config = self.accelerator_config
-                if config is None or isinstance(config, dict):
-                    self.accelerator_config = {**(config or {}), "use_configured_state": True}
-                elif hasattr(config, "use_configured_state"):
-                    config.use_configured_state = True
+                self.accelerator_config = with_configured_state(self.accelerator_config)
                 if os.environ.get("RANK") == "0" and not _state.get("told_trainer"):
                     _state["told_trainer"] = True
                     print("[course rank hook] TrainingArguments(deepspeed=...) on CPU-only ranks: accelerate's DeepSpeed "
