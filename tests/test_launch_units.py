@@ -366,3 +366,20 @@ def test_lessons_that_need_ranks_get_them_on_any_machine():
     assert placement(machine[2], 4).cpu_on_gpu_machine and placement(machine[2], 4).procs == 4     # 03's 4 ranks
     assert (placement(machine[8], None, 2).procs, placement(machine[8], 4).procs) == (8, 4)
     assert not placement(machine[8], 4).cpu_on_gpu_machine
+
+
+def test_a_stall_counts_only_once_every_rank_has_printed_and_then_nothing_came():
+    """stall=: silence before every rank has printed (imports, start-up) is not a hang; silence after it is."""
+    import time
+    from types import SimpleNamespace
+
+    from course_utils.launch.runner import Stall
+
+    stall = Stall(0.2, world_size=2)
+    streams = SimpleNamespace(rank_text={0: ["step 0"]})
+    time.sleep(0.3)
+    assert not stall.expired([], streams), "rank 1 has not printed yet"
+    streams.rank_text[1] = ["step 0"]
+    assert not stall.expired(["[rank 1] step 0"], streams), "a line just came"
+    time.sleep(0.3)
+    assert stall.expired([], streams) and stall.fired

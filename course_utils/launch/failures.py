@@ -79,24 +79,29 @@ def diagnosis(trace: str) -> str:
     return ""
 
 
-def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note: str = "") -> str:
-    """The :class:`LaunchError` message: a timeout (every rank's last lines) or the first failing rank."""
+def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note: str = "",
+                    stalled: float | None = None) -> str:
+    """The :class:`LaunchError` message: a timeout, or a stall of ``stalled`` seconds (every rank's stack, or its
+    last lines), or the first failing rank."""
     where = f"Logs: {paths.relative(result.run_dir)}/launch.log and ranks/." + (f" {note}" if note else "")
     if timed_out:
+        ended = (f"Launch stalled: every rank had printed, then no line came for {stalled:g} s (stall={stalled:g})"
+                 if stalled else f"Launch timed out after {timeout:.0f} s")
+        knob = "stall" if stalled else "timeout"
         if result.stacks:
             where_each = "\n".join(f"--- rank {r}: where it was (most recent call first) ---\n{main_thread_stack(t)}"
                                    for r, t in sorted(result.stacks.items()))
             missing = sorted(set(range(result.world_size)) - set(result.stacks))
-            return (f"Launch timed out after {timeout:.0f} s; every rank's Python stack was taken, then every "
+            return (f"{ended}; every rank's Python stack was taken, then every "
                     f"process of the launch was killed. Compare the ranks: one waiting in a collective (all_reduce, "
                     f"barrier, ...) that another never reached is a hang; all of them busy in training code is a run "
-                    f"that needs a longer timeout=.\n{where_each}\n"
+                    f"that needs a longer {knob}=.\n{where_each}\n"
                     + (f"(no stack from rank(s) {missing}: not started yet, or already gone)\n" if missing else "")
                     + f"All threads: {paths.relative(result.run_dir)}/stacks/. {where}")
         tails = "\n".join(f"--- rank {r} (last lines) ---\n{tail(t, 8)}" for r, t in sorted(result.rank_logs.items()))
-        return (f"Launch timed out after {timeout:.0f} s and every process of it was killed. A rank stuck "
+        return (f"{ended} and every process of it was killed. A rank stuck "
                 f"in a collective (all_reduce, barrier, ...) that another rank never reached looks like "
-                f"this; so does a run that needs a longer timeout=.\n{tails}\n{where}")
+                f"this; so does a run that needs a longer {knob}=.\n{tails}\n{where}")
     rank, trace = first_failure(result.run_dir, result.rank_logs)
     if rank is None:
         return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "

@@ -30,6 +30,7 @@ class LaunchOptions:
     quiet: bool = False                           # stream nothing
     precheck: bool = True                         # validate the config with configs.validate first
     on_timeout: str = "stacks"                    # "stacks": dump every rank's Python stacks, then kill; "kill"
+    stall: float | None = None                    # seconds of silence (after every rank printed) that count as a hang
 
     def __post_init__(self) -> None:
         if not isinstance(self.procs, int) or self.procs < 1:
@@ -38,6 +39,8 @@ class LaunchOptions:
             raise ValueError(f"nodes must be a whole number ≥ 1, not {self.nodes!r}")
         if self.on_timeout not in ("stacks", "kill"):
             raise ValueError(f'on_timeout must be "stacks" or "kill", not {self.on_timeout!r}')
+        if self.stall is not None and not self.stall > 0:
+            raise ValueError(f"stall must be a number of seconds > 0 (or None), not {self.stall!r}")
 
     @property
     def world_size(self) -> int:

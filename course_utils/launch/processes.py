@@ -18,6 +18,8 @@ from typing import Iterable, Mapping
 
 import psutil
 
+from .. import paths
+
 SHM_DIR = Path("/dev/shm")
 STACKS_DIR = "stacks"     # in the run folder: each rank's faulthandler file (the rank hook opens it)
 
@@ -55,6 +57,23 @@ def release_shm_buffers(port: int) -> None:
             path.unlink()
         except OSError:
             pass
+
+
+def release_build_locks(since: float, folder: Path | None = None) -> list[Path]:
+    """Remove the lock files of JIT op builds that a killed launch left (``torch.utils.file_baton``): a rank killed
+    while compiling an op (the first launch builds DeepSpeed's shm all-reduce) leaves ``<op>/lock`` behind, and
+    every later build of that op would wait for it forever. Only locks created at or after ``since`` (the
+    launch's start, wall clock) are touched. Returns what was removed."""
+    root = folder or Path(os.environ.get("TORCH_EXTENSIONS_DIR") or paths.torch_extensions_dir())
+    removed = []
+    for lock in root.glob("*/lock"):
+        try:
+            if lock.stat().st_mtime >= since:
+                lock.unlink()
+                removed.append(lock)
+        except OSError:
+            pass
+    return removed
 
 
 def start_launchers(commands: list[list[str]], cwd: Path, env: Mapping[str, str]) -> list[subprocess.Popen]:

@@ -19,8 +19,8 @@ from . import commands as cmds
 from .environment import rank_environment
 from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
 from .options import DEFAULT_TIMEOUT, LaunchOptions
-from .processes import (kill_group, rank_stacks, release_shm_buffers, signal_groups, start_launchers,
-                        start_watchdog)
+from .processes import (kill_group, rank_stacks, release_build_locks, release_shm_buffers, signal_groups,
+                        start_launchers, start_watchdog)
 from .result import LaunchError, LaunchResult
 from .streams import LearnerFilter, Streams
 
@@ -32,7 +32,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
               timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1, name: str | None = None,
               trainer: bool = False, config_arg: str = "--deepspeed_config", check: bool = True,
               verbose: bool = False, quiet: bool = False, precheck: bool = True,
-              min_ranks: int | None = None, on_timeout: str = "stacks") -> LaunchResult:
+              min_ranks: int | None = None, on_timeout: str = "stacks", stall: float | None = None) -> LaunchResult:
     """Launch ``script`` on ``procs`` ranks (per node) with the real ``deepspeed`` launcher.
 
     - ``procs``: ranks per node; default one per GPU, or 2 CPU ranks without a GPU.
@@ -48,6 +48,9 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     - ``on_timeout="stacks"`` (the default): before killing, ask every rank for its Python stacks (the rank
       hook's ``faulthandler``, on SIGUSR1) and put where each rank waited into the error (``result.stacks``, and
       ``stacks/`` in the run folder); ``"kill"`` kills at once.
+    - ``stall``: seconds of silence after which a launch counts as hung, like a timeout (stacks, then the kill):
+      once every rank has printed a line, no new line from any rank or launcher for this long. For scripts
+      that print at least every few seconds; a hang then ends in ``stall`` seconds instead of ``timeout``.
     - ``check``: raise :class:`LaunchError` when a rank fails (else return the result with its returncode).
     - ``verbose``: also stream the launcher/library chatter (DeepSpeed's INFO lines, deprecation warnings;
       they are always in ``result.log``); ``quiet``: stream nothing.
@@ -59,7 +62,8 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
             print(place.note, flush=True)
     options = LaunchOptions(procs=place.procs, nodes=nodes, config=config,
                             trainer=trainer, config_arg=config_arg, timeout=timeout, env=env, name=name,
-                            check=check, verbose=verbose, quiet=quiet, precheck=precheck, on_timeout=on_timeout)
+                            check=check, verbose=verbose, quiet=quiet, precheck=precheck, on_timeout=on_timeout,
+                            stall=stall)
     return run(script, script_args, options)
 
 
@@ -95,17 +99,20 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
         if options.on_timeout == "stacks":
             stacks.update(rank_stacks(run_dir))
 
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     launchers: list[subprocess.Popen] = []
     watchdog: subprocess.Popen | None = None
     try:
         launchers = start_launchers(commands, paths.ROOT, environment)
         watchdog = start_watchdog(launchers, port)
         streams = Streams(launchers, run_dir / "ranks")
+        stall = Stall(options.stall, options.world_size) if options.stall else None
         timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout,
-                                         lambda: _ranks_done(run_dir, options.world_size), before_kill_on_timeout)
+                                         lambda: _ranks_done(run_dir, options.world_size), before_kill_on_timeout,
+                                         stall)
     except BaseException:
         kill_group(launchers)
+        release_build_locks(started_wall)      # a rank killed while it compiled an op would block every later build
         raise
     finally:
         if watchdog is not None:
@@ -114,6 +121,8 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
         release_shm_buffers(port)
 
     signal_groups(launchers, signal.SIGKILL)   # anything a rank left behind in the launch's groups goes too
+    if timed_out:
+        release_build_locks(started_wall)
     seconds = time.monotonic() - started
     codes = [p.returncode for p in launchers]
     returncode = (124 if timed_out else 0 if finished is True else 1 if finished == "failed"
@@ -126,7 +135,8 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
                           hidden_lines=hidden, stacks=stacks)
     note = "" if options.quiet else hidden_note(hidden, run_dir)
     if returncode != 0 and options.check:
-        raise LaunchError(failure_message(result, timed_out, options.timeout, note), result)
+        raise LaunchError(failure_message(result, timed_out, options.timeout, note,
+                                          stalled=stall.seconds if stall is not None and stall.fired else None), result)
     if not options.quiet:
         print(finished_message(result, note), flush=True)
     return result
@@ -143,9 +153,25 @@ def _ranks_done(run_dir: Path, world_size: int) -> bool | str:
     return "failed" if failed and len(finished | failed) >= world_size else False
 
 
+class Stall:
+    """The ``stall=`` rule: the launch is hung once every rank has printed and then nothing came for ``seconds``."""
+
+    def __init__(self, seconds: float, world_size: int):
+        self.seconds, self.world_size = seconds, world_size
+        self.last_line = time.monotonic()
+        self.fired = False
+
+    def expired(self, lines: list[str], streams: Streams) -> bool:
+        now = time.monotonic()
+        if lines:
+            self.last_line = now
+        self.fired = len(streams.rank_text) >= self.world_size and now - self.last_line > self.seconds
+        return self.fired
+
+
 def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callable[[list[str]], None],
                started: float, timeout: float, all_finished: Callable[[], bool | str],
-               on_timeout: Callable[[], None] = lambda: None) -> tuple[bool, bool | str]:
+               on_timeout: Callable[[], None] = lambda: None, stall: Stall | None = None) -> tuple[bool, bool | str]:
     """Stream until every launcher has exited; end the launch early on a failed node or the timeout.
 
     Returns (whether the timeout ended it, ``all_finished()`` when that ended it: ``True`` when every rank
@@ -153,13 +179,15 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
     ends the others too, since their ranks would wait forever in a collective for the ranks that are
     gone. Once every rank has passed ``scaffolding.finish()`` (its output flushed, its mark in the run
     folder), or every rank has ended and some of them failed, the launch is over: the launchers, idle in
-    DeepSpeed's once-a-second polling loop and their own shutdown (2–3 s), are ended at once. On the timeout,
-    ``on_timeout()`` runs before the kill (the runner collects the ranks' stacks there).
+    DeepSpeed's once-a-second polling loop and their own shutdown (2–3 s), are ended at once. On the timeout
+    (or a ``stall``: every rank has printed, then silence), ``on_timeout()`` runs before the kill (the runner
+    collects the ranks' stacks there).
     """
     timed_out = finished = False
     while True:
         streams.poll_rank_logs()
-        emit(streams.drain())
+        lines = streams.drain()
+        emit(lines)
         codes = [p.poll() for p in launchers]
         if all(c is not None for c in codes):
             break
@@ -173,7 +201,7 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
         if any(c not in (None, 0) for c in codes):   # one simulated node failed: its peers would hang
             kill_group(launchers)
             break
-        if time.monotonic() - started > timeout:
+        if time.monotonic() - started > timeout or (stall is not None and stall.expired(lines, streams)):
             timed_out = True
             try:
                 on_timeout()

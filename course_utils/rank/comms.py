@@ -37,6 +37,18 @@ def messages() -> dict[str, dict[str, int]]:
             for op, sizes in comms_logger.get_raw_data().items()}
 
 
+def timed() -> dict[str, list[list]]:
+    """The logger's content now with the latency it logged for each message: op → [[message bytes, [ms, ...]]].
+
+    Read them with care: in this DeepSpeed the logger reads each op's timer with ``elapsed(reset=False)``
+    (``timed_op`` in ``deepspeed/comm/comm.py``), so every logged latency is the running total of all calls of
+    that op since the process started, not the time of that call (notebook 11 shows it)."""
+    from deepspeed.comm.comm import comms_logger
+
+    return {op: [[int(size), [float(ms) for ms in vals[1]]] for size, vals in sizes.items()]
+            for op, sizes in comms_logger.get_raw_data().items()}
+
+
 def total_bytes(msgs: dict[str, dict[str, int]], min_bytes: int = 0) -> dict[str, int]:
     """op → sum of message bytes × count, counting only messages of at least ``min_bytes``."""
     return {op: sum(int(size) * n for size, n in sizes.items() if int(size) >= min_bytes)
@@ -45,8 +57,9 @@ def total_bytes(msgs: dict[str, dict[str, int]], min_bytes: int = 0) -> dict[str
 
 @dataclass
 class Window:
-    """The messages logged between entering and leaving :func:`logged`."""
+    """The messages logged between entering and leaving :func:`logged` (and their timings, see :func:`timed`)."""
     messages: dict = field(default_factory=dict)
+    timed: dict = field(default_factory=dict)
 
     def bytes(self, min_bytes: int = 0) -> dict[str, int]:
         return total_bytes(self.messages, min_bytes)
@@ -62,5 +75,5 @@ def logged():
     try:
         yield window
     finally:
-        window.messages = messages()
+        window.messages, window.timed = messages(), timed()
         dist.reset_log()

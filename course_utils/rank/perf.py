@@ -1,0 +1,147 @@
+"""Where a step's time and memory go, measured inside a rank (notebook 11).
+
+- :func:`micro_batches`: one optimizer step's samples, cut into micro-batches, so that any micro-batch ×
+  accumulation × ranks split of the same effective batch trains on the same samples.
+- :func:`accumulate`: the loop DeepSpeed expects under gradient accumulation (the reference for exercise 1).
+- :func:`activation_memory`: the bytes a forward and backward pass hold, by torch's own memory tracker
+  (``torch.distributed._tools.mem_tracker.MemTracker``), with or without activation checkpointing.
+- :func:`matmul_flops_per_s`: what this rank's CPU (or GPU) does at its best, from a matmul benchmark.
+- :func:`module_rows`: what DeepSpeed's flops profiler counted, per top-level module of the model.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .data import global_batch
+
+
+def micro_batches(step: int, rank: int, world_size: int, micro: int, gas: int) -> list:
+    """The ``gas`` micro-batches of ``micro`` samples that ``rank`` trains on in optimizer step ``step``.
+
+    The effective batch is ``micro × gas × world_size`` samples of :func:`data.global_batch`; each rank takes a
+    contiguous share of it and cuts that share into micro-batches, so 8 × 1, 4 × 2 and 2 × 4 on 2 ranks all
+    train on the same 16 samples in each step."""
+    batch = global_batch(step, micro * gas * world_size)
+    share = batch[rank * micro * gas:(rank + 1) * micro * gas]
+    return [share[i * micro:(i + 1) * micro] for i in range(gas)]
+
+
+def accumulate(engine, micro_batches: list) -> list[float]:
+    """One optimizer step of a DeepSpeed engine under gradient accumulation: every micro-batch gets a forward,
+    ``engine.backward`` (which divides the loss by the accumulation steps itself) and ``engine.step()`` (which
+    updates the weights only on the accumulation boundary). Returns each micro-batch's loss."""
+    losses = []
+    for ids in micro_batches:
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+@dataclass
+class ActivationMemory:
+    """Bytes of one forward + backward pass of a model, by category (MemTracker's: parameters, gradients,
+    activations, temporaries)."""
+    after_forward: dict        # category → bytes alive when the forward pass has ended
+    peak: dict                 # category → bytes at the moment the total was largest
+    seconds: float             # wall time of the pass (under the tracker: slower than a real step)
+
+
+def _by_category(snapshot: dict) -> dict:
+    device = next(iter(snapshot.values()))
+    return {getattr(k, "value", k): int(v) for k, v in device.items()}
+
+
+def activation_memory(model, ids) -> ActivationMemory:
+    """Track every tensor that one forward and backward pass of ``model`` on ``ids`` creates (torch's
+    ``MemTracker``, a ``TorchDispatchMode``): what is alive after the forward pass, and the peak."""
+    import warnings
+
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, ids)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tracker:
+            loss = model(input_ids=ids, labels=ids).loss
+            after_forward = _by_category(tracker.get_tracker_snapshot("current"))
+            loss.backward()
+    seconds = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    return ActivationMemory(after_forward, _by_category(tracker.get_tracker_snapshot("peak")), seconds)
+
+
+def timed_pass(model, ids, repeats: int = 3) -> float:
+    """Median seconds of a forward and backward pass (no tracker), after one warm-up pass."""
+    import statistics
+
+    times = []
+    for i in range(repeats + 1):
+        started = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        if i:
+            times.append(time.perf_counter() - started)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def set_checkpointing(model, how: str, deepspeed_config: dict | None = None) -> None:
+    """``how``: "off"; "hf" (transformers' ``activation_checkpointing_enable()``: ``torch.utils.checkpoint``,
+    non-reentrant); "deepspeed" (the same layers through ``deepspeed.checkpointing.checkpoint``, configured from
+    the config's ``activation_checkpointing`` section)."""
+    if how == "off":
+        model.activation_checkpointing_disable()
+    elif how == "hf":
+        model.activation_checkpointing_enable()
+    elif how == "deepspeed":
+        import deepspeed
+
+        deepspeed.checkpointing.configure(None, deepspeed_config=deepspeed_config or {})
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+        model.enable_input_require_grads()
+    else:
+        raise ValueError(f'checkpointing is "off", "hf" or "deepspeed", not {how!r}')
+    model.train()
+
+
+def matmul_flops_per_s(device: str, n: int = 512, repeats: int = 5) -> float:
+    """FLOP/s of an ``n``×``n`` fp32 matmul on this rank (2n³ FLOPs each), the best of ``repeats``: the peak
+    this rank can reach with the threads it has, to divide achieved FLOP/s by (MFU)."""
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        (a @ b)[0, 0].item()
+        best = min(best, time.perf_counter() - started)
+    return 2 * n ** 3 / best
+
+
+def module_rows(model) -> list[dict]:
+    """What DeepSpeed's flops profiler counted in the forward pass it has just profiled (the engine's profile
+    step, before ``engine.step()`` ends the profile): forward FLOPs, parameters and latency of the whole model
+    and of each top-level module (the whole model's latency is the engine's ``fwd`` timer, not read here)."""
+    from deepspeed.profiling.flops_profiler.profiler import get_module_duration, get_module_flops
+
+    modules = [("(whole model)", model)] + list(_top_modules(model))
+    return [{"module": name, "fwd_flops": int(get_module_flops(m)), "params": int(m.__params__),
+             "latency_s": float(get_module_duration(m)) if m is not model else None} for name, m in modules]
+
+
+def _top_modules(model):
+    """The modules one level below the transformer body: embeddings, each block, the final norm, the head."""
+    for name, child in model.named_children():
+        if name == "transformer":
+            for sub, grandchild in child.named_children():
+                if sub == "h":
+                    yield from ((f"transformer.h.{i}", block) for i, block in enumerate(grandchild))
+                else:
+                    yield f"transformer.{sub}", grandchild
+        else:
+            yield name, child

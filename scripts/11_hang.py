@@ -1,0 +1,67 @@
+"""A training loop that hangs: each step every rank averages its loss over the ranks for the log, but a rank whose
+loss is not finite skips that all_reduce (a common "guard" against logging inf). The other rank waits in it
+forever, while the rank that skipped has gone on to the end-of-epoch barrier.
+
+With ``--log_metrics_file`` the ranks use the learner's ``log_metrics`` (notebook 11, exercise 3) instead.
+
+Run from a terminal (it hangs: stop it with Ctrl-C):  deepspeed --num_gpus 2 scripts/11_hang.py
+"""
+import argparse
+from dataclasses import dataclass
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, load_exercise, parse_args
+
+INF_RANK, INF_STEP = 1, 2      # this rank's loss is inf on this step
+
+
+@dataclass
+class Logged(Record, name="logged"):
+    """One step of one rank: the loss it had and the value its log_metrics returned."""
+    step: int
+    loss: float
+    logged: float
+
+
+def log_metrics(step: int, loss: torch.Tensor) -> float:
+    """The mean loss over the ranks, for the log; a rank with a non-finite loss keeps it out of the average."""
+    if torch.isfinite(loss):
+        dist.all_reduce(loss)
+        loss /= dist.get_world_size()
+    return loss.item()
+
+
+def step_loss(step: int, rank: int, device: str) -> torch.Tensor:
+    """This rank's loss on ``step`` (stands in for a forward pass): inf on one rank and step."""
+    value = float("inf") if (rank, step) == (INF_RANK, INF_STEP) else 1.0 + rank + 0.5 * step
+    return torch.tensor(value, device=device)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--log_metrics_file", default=None, help="file defining log_metrics() (exercise 3)")
+    args = parse_args(parser, argv)
+    log = log_metrics
+    if args.log_metrics_file:
+        log = load_exercise(args.log_metrics_file, ["log_metrics"])["log_metrics"]
+    deepspeed.init_distributed()
+    rank, device = dist.get_rank(), get_accelerator().current_device_name()
+    for step in range(args.steps):
+        loss = step_loss(step, rank, device)
+        print(f"step {step}: my loss {loss.item()}", flush=True)
+        logged = log(step, loss.clone())
+        print(f"step {step}: logged {logged}", flush=True)
+        record(Logged(step, loss.item(), logged))
+    print("end of epoch: waiting for every rank", flush=True)
+    dist.barrier()
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Where a step's time and memory go, on real ranks (notebook 11). Four parts, one launch:
+
+1. Gradient accumulation: the same effective batch as micro-batch × accumulation steps 8 × 1, 4 × 2 and 2 × 4 per
+   rank, trained with plain SGD from the same weights on the same samples; the loss of every optimizer step. Then
+   one optimizer step of 2 × 4 read micro-step by micro-step: is it a boundary, what ``engine.backward`` returned,
+   did ``engine.step()`` change the weights.
+2. Activation memory: torch's memory tracker around one forward + backward pass of the ZeRO GPT-2 per sequence
+   length and micro-batch, without and with activation checkpointing (transformers' and DeepSpeed's); the step time
+   each costs.
+3. One engine with the config's flops profiler, ``wall_clock_breakdown``, comms logger and ``csv_monitor``: every
+   step's forward / backward / step times and collectives, the profiler's FLOPs per module, this rank's matmul
+   peak, and all_reduce timings of several sizes (for an α–β model of the communication).
+
+Run from a terminal:  deepspeed --num_gpus 2 scripts/11_performance.py --deepspeed_config configs/11_performance.json
+"""
+import argparse
+import copy
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from course_utils.rank import comms, perf
+from course_utils.rank.distributed import time_all_reduce
+from course_utils.rank.memory import model_state_bytes, tensor_inventory
+from course_utils.rank.models import PRESETS, count_parameters, tiny_gpt2
+from course_utils.rank.record import Record, record
+from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
+
+ACCUMULATION = [(8, 1), (4, 2), (2, 4)]     # micro-batch per rank × accumulation steps: 8 samples per rank per step
+SGD_LR = 0.5          # plain SGD: an update proportional to the gradient, so a wrongly scaled loss shows at once
+AR_SIZES = [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24]    # all_reduce sizes (fp32 elements) for α–β
+
+
+@dataclass
+class Trajectory(Record, name="trajectory"):
+    """One accumulation setting: the loss of every optimizer step (the mean over every rank's micro-batches)."""
+    micro: int
+    gas: int
+    train_batch_size: int            # what the engine computed: micro × gas × world size
+    loop: str                        # "yours" (exercise 1) or "course"
+    loss: list = field(default_factory=list)
+    weight_sum: float = 0.0          # Σ of all weights at the end (float64): the same updates, the same sum
+
+
+@dataclass
+class MicroStep(Record, name="micro_step"):
+    """One micro-step of 2 × 4, read from the engine."""
+    micro_step: int
+    boundary: bool                   # engine.is_gradient_accumulation_boundary() before backward
+    returned_over_loss: float        # what engine.backward(loss) returned, divided by the loss
+    weights_changed: bool            # by this micro-step's engine.step()
+    global_steps: int                # engine.global_steps after it
+
+
+@dataclass
+class Activation(Record, name="activation"):
+    """One forward + backward pass under torch's MemTracker (bytes by category)."""
+    checkpointing: str               # off | hf | deepspeed
+    seq_len: int
+    batch: int
+    after_forward: int               # activation bytes alive when the forward pass ended (kept for backward)
+    peak_total: int                  # all tracked bytes at the peak of the pass
+    peak: dict                       # the categories at that peak
+
+
+@dataclass
+class Recompute(Record, name="recompute"):
+    """Median seconds of a forward + backward pass (no tracker), per checkpointing setting."""
+    seq_len: int
+    batch: int
+    seconds: dict
+
+
+@dataclass
+class ModelStates(Record, name="model_states"):
+    """Bytes of this rank's model states in the profiled engine (tensor accounting)."""
+    stage: int
+    world_size: int
+    bytes: dict                      # params / grads / optimizer
+
+
+@dataclass
+class StepTime(Record, name="step_time"):
+    """One training step of the profiled engine."""
+    step: int
+    wall_ms: float                   # forward + backward + step, by the clock around them
+    timers: dict                     # engine.get_wall_clock_timers(): ms per timer (wall_clock_breakdown)
+    comm: dict                       # op → [[message bytes, [logged ms, ...]]] from DeepSpeed's comms logger
+    loss: float
+
+
+@dataclass
+class FlopsProfile(Record, name="flops_profile"):
+    """DeepSpeed's flops profiler at its profile step (rank 0), and this rank's matmul peak."""
+    profile_step: int
+    micro_batch: int
+    seq_len: int
+    fwd_flops: int                   # the profiler's total for one forward pass of one micro-batch
+    params: int
+    modules: list                    # per top-level module: fwd_flops, params, latency_s
+    peak_flops_per_s: float          # perf.matmul_flops_per_s on this rank
+    output_file: str
+
+
+def accumulation_config(base: dict, micro: int, gas: int) -> dict:
+    """The base config with this micro-batch × accumulation, plain SGD, and no profiling or monitoring."""
+    cfg = {k: v for k, v in copy.deepcopy(base).items()
+           if k not in ("flops_profiler", "csv_monitor", "wall_clock_breakdown", "activation_checkpointing")}
+    cfg.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas,
+               optimizer={"type": "SGD", "params": {"lr": SGD_LR}},
+               zero_allow_untested_optimizer=True)     # ZeRO accepts a torch optimizer it was not tested with
+    cfg.pop("train_batch_size", None)
+    return cfg
+
+
+def weights(module) -> torch.Tensor:
+    return torch.cat([p.detach().double().flatten() for p in module.parameters()])
+
+
+def run_accumulation(base: dict, steps: int, loop, loop_name: str, device: str) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for micro, gas in ACCUMULATION:
+        engine, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=accumulation_config(base, micro, gas))
+        run = Trajectory(micro, gas, engine.train_batch_size(), loop_name)
+        for step in range(steps):
+            batches = [b.to(device) for b in perf.micro_batches(step, rank, world, micro, gas)]
+            losses = torch.tensor(loop(engine, batches), dtype=torch.float64)
+            mean = losses.mean().to(device)
+            dist.all_reduce(mean)
+            run.loss.append(mean.item() / world)
+        run.weight_sum = weights(engine.module).sum().item()
+        record(run)
+        rank0_print(f"{micro} × {gas}: loss {run.loss[0]:.4f} → {run.loss[-1]:.4f}")
+    # one optimizer step of 2 × 4, micro-step by micro-step, with the course's loop written out
+    micro, gas = ACCUMULATION[-1]
+    engine, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=accumulation_config(base, micro, gas))
+    for i, ids in enumerate(perf.micro_batches(0, rank, world, micro, gas)):
+        ids = ids.to(device)
+        boundary = engine.is_gradient_accumulation_boundary()
+        loss = engine(input_ids=ids, labels=ids).loss
+        returned = engine.backward(loss)
+        before = weights(engine.module)
+        engine.step()
+        record(MicroStep(i, boundary, (returned / loss).item(), not torch.equal(before, weights(engine.module)),
+                         engine.global_steps))
+
+
+def run_activations(base: dict, seq_lens: list[int], batches: list[int], hidden: tuple[int, int], device: str,
+                    repeats: int, timed: list[str], time_at: tuple[int, int] | None) -> None:
+    model = tiny_gpt2("zero_lab").to(device)
+    model.config.use_cache = False
+    vocab = PRESETS["zero_lab"].vocab_size
+    points = [(s, b) for s in seq_lens for b in batches] + [hidden]
+    for how in ("off", "hf"):
+        perf.set_checkpointing(model, how)
+        for seq, batch in points:
+            ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seq * 100 + batch))
+            m = perf.activation_memory(model, ids.to(device))
+            record(Activation(how, seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak))
+    seq, batch = time_at or (max(seq_lens), max(batches))
+    ids = torch.randint(0, vocab, (batch, seq)).to(device)
+    perf.set_checkpointing(model, "deepspeed", base)
+    m = perf.activation_memory(model, ids)
+    record(Activation("deepspeed", seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak))
+    seconds = {}
+    for how in timed:
+        perf.set_checkpointing(model, how, base)
+        seconds[how] = perf.timed_pass(model, ids, repeats)
+    record(Recompute(seq, batch, seconds))
+    rank0_print(f"activations of {batch} × {seq} tokens measured; a pass takes {seconds['off']:.2f} s, "
+                f"{seconds['hf']:.2f} s with checkpointing")
+
+
+def profiled_config(base: dict, run_dir: str) -> dict:
+    """The config with its profiler's output file and the monitor's folder in this launch's run folder."""
+    cfg = comms.with_comms_logger(base)
+    cfg["flops_profiler"]["output_file"] = str(Path(run_dir, "flops_profile.txt"))
+    cfg["csv_monitor"]["output_path"] = str(Path(run_dir, "monitor"))
+    return cfg
+
+
+def run_profiled(base: dict, steps: int, seq_len: int, device: str, ar_repeats: int) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    run_dir = os.environ.get("COURSE_RUN_DIR") or "build/runs/11_performance"
+    config = profiled_config(base, run_dir)
+    model = tiny_gpt2("zero_lab")
+    model.config.use_cache = False
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    micro, profile_step = engine.train_micro_batch_size_per_gpu(), config["flops_profiler"]["profile_step"]
+    vocab = PRESETS["zero_lab"].vocab_size
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        ids = torch.randint(0, vocab, (micro, seq_len), generator=g).to(device)
+        profiling = engine.global_steps == profile_step and rank == 0
+        with comms.logged() as window:
+            started = time.perf_counter()
+            loss = engine(input_ids=ids, labels=ids).loss
+            if profiling:     # the profiler's per-module counts live until engine.step() ends the profile
+                modules = perf.module_rows(engine.module)
+                fwd_flops = engine.flops_profiler.get_total_flops()
+            engine.backward(loss)
+            engine.step()
+            wall_ms = 1e3 * (time.perf_counter() - started)
+        engine.monitor.write_events([("Train/Samples/train_loss", loss.item(), engine.global_samples)])
+        record(StepTime(step, wall_ms, dict(engine.get_wall_clock_timers()), window.timed, loss.item()))
+        if profiling:
+            record(FlopsProfile(profile_step, micro, seq_len, int(fwd_flops), count_parameters(engine.module),
+                                modules, perf.matmul_flops_per_s(device), config["flops_profiler"]["output_file"]))
+    stage = engine.zero_optimization_stage()
+    record(ModelStates(stage, world, model_state_bytes(tensor_inventory(engine))))
+    for row in time_all_reduce(AR_SIZES, device, repeats=ar_repeats):
+        record(row)
+    rank0_print(f"{steps} profiled steps; all_reduce timed at {len(AR_SIZES)} sizes")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--accumulation_steps", type=int, default=6, help="optimizer steps per accumulation setting")
+    parser.add_argument("--accumulate_file", default=None, help="file defining accumulate() (exercise 1)")
+    parser.add_argument("--seq_lens", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--hidden", type=int, nargs=2, default=[96, 3], help="a point measured for exercise 2")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per checkpointing setting")
+    parser.add_argument("--timed", nargs="+", default=["off", "hf", "deepspeed"], help="checkpointing settings to time")
+    parser.add_argument("--time_at", type=int, nargs=2, default=None,
+                        help="sequence length and batch of the timed passes and of deepspeed.checkpointing's (default: the largest)")
+    parser.add_argument("--steps", type=int, default=6, help="steps of the profiled engine")
+    parser.add_argument("--seq_len", type=int, default=64, help="tokens per sample of the profiled engine")
+    parser.add_argument("--ar_repeats", type=int, default=5)
+    args = parse_args(parser, argv)
+    base = load_config(args)
+    deepspeed.init_distributed()
+    device = get_accelerator().current_device_name()
+
+    loop, loop_name = perf.accumulate, "course"
+    if args.accumulate_file:
+        loop, loop_name = load_exercise(args.accumulate_file, ["accumulate"])["accumulate"], "yours"
+    run_accumulation(base, args.accumulation_steps, loop, loop_name, device)
+    run_activations(base, args.seq_lens, args.batches, tuple(args.hidden), device, args.repeats, args.timed,
+                    tuple(args.time_at) if args.time_at else None)
+    run_profiled(base, args.steps, args.seq_len, device, args.ar_repeats)
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Notebook 11 executed with papermill: the same updates under gradient accumulation, activation memory with and
+without checkpointing, the flops profiler's count against GPT-2's matmuls, MFU, the step's time split, the monitor's
+files and the stacks of a hung launch, asserted against what they must be."""
+import pytest
+
+from conftest import run_notebook
+from course_utils.rank.models import PRESETS
+from course_utils.views import perf
+
+NAME = "11_performance_and_debugging"
+pytestmark = pytest.mark.notebook
+
+
+def test_notebook_runs_and_records_its_figures():
+    m = run_notebook(NAME)
+
+    # 1 · 8 × 1, 4 × 2 and 2 × 4 gave the same losses; backward returned loss / 4, only the 4th step() updated
+    assert m["accumulation_loop"] == "yours" and m["accumulation_max_abs_loss_diff"] <= 1e-5
+    micro = m["accumulation_micro_steps"]
+    assert [s["boundary"] for s in micro] == [False, False, False, True]
+    assert [s["weights_changed"] for s in micro] == [False, False, False, True]
+    assert all(abs(s["returned_over_loss"] - 0.25) < 1e-6 for s in micro)
+    assert [s["global_steps"] for s in micro] == [0, 0, 0, 1]
+
+    # 2 · activations follow the tokens, checkpointing keeps less of them, and both checkpointings keep the same
+    act = m["activation_peak_bytes"]
+    assert set(act["off"]) == set(act["hf"]) and len(act["off"]) >= 4
+    for point, off in act["off"].items():
+        assert act["hf"][point] < off / 3, point
+    per_token = {k: v / (int(k.split("x")[0]) * int(k.split("x")[1])) for k, v in act["off"].items()}
+    assert max(per_token.values()) / min(per_token.values()) < 1.01, per_token
+    assert act["deepspeed"] and all(v == act["hf"][k] for k, v in act["deepspeed"].items())
+    assert m["pass_peak_bytes"]["hf"] < m["pass_peak_bytes"]["off"]
+
+    # 3 · the profiler's forward count covers GPT-2's matmuls, plus a few percent of elementwise ops; MFU < 1
+    assert m["fwd_flops_by_hand"] <= m["fwd_flops"] <= 1.05 * m["fwd_flops_by_hand"]
+    assert m["flops_per_step"] == 3 * m["fwd_flops"]
+    assert 0 < m["mfu"] < 1
+
+    # 4 · the engine's timers add up to the clock around forward + backward + step
+    b = m["step_breakdown"]
+    assert 0.8 * b["clock"] <= b["timers total"] <= 1.01 * b["clock"]
+    assert all(b[k] > 0 for k in perf.BREAKDOWN)
+    assert m["alpha_s"] > 0 and m["beta_s_per_byte"] > 0
+
+    # 5 · the csv_monitor wrote the loss (the script) and the learning rate (the engine) of every step
+    assert {"Train_Samples_train_loss", "Train_Samples_lr", "Train_Samples_elapsed_time_ms_forward"} <= set(m["monitor_series"])
+    assert m["monitor_loss_rows"] == m["monitor_lr_rows"] == m["profiled_steps"]
+
+    # 6 · the hang: rank 0 waits in all_reduce inside log_metrics, rank 1 is past it, in the end-of-epoch barrier
+    stacks = m["hang_stacks"]
+    assert stacks["0"]["waiting in"] == "all_reduce" and "(log_metrics)" in stacks["0"]["script line"]
+    assert stacks["1"]["waiting in"] == "barrier" and "(main)" in stacks["1"]["script line"]
+    reported = m["detail_mismatch_ops"]
+    assert reported and all({"0": "ALLREDUCE", "1": "BARRIER"}[r] == op for r, op in reported.items())
+
+
+def test_gpt2_matmul_count_matches_the_layers():
+    """The hand count: a 1-layer GPT-2 of width d on one token of a 1-token sequence is 24·d² + 4·d + 2·d·V."""
+    assert perf.gpt2_matmul_flops(1, 8, 10, 1, 1) == 24 * 64 + 4 * 8 + 2 * 8 * 10
+    p = PRESETS["zero_lab"]
+    assert perf.gpt2_matmul_flops(p.n_layer, p.n_embd, p.vocab_size, 2, 16) == \
+        2 * perf.gpt2_matmul_flops(p.n_layer, p.n_embd, p.vocab_size, 1, 16)
