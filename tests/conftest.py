@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = item.path.stem
         if name.startswith("test_nb_"):
             return SMOKE_SECONDS.get(name[len("test_nb_"):][:2], 60)
-        return 10 if name == "test_launch" else 0
+        return {"test_multinode": 40, "test_launch": 10}.get(name, 0)
 
     items.sort(key=expected_seconds, reverse=True)      # a stable sort: same-file tests keep their order
 
