@@ -121,6 +121,16 @@ def test_sshd_files(tmp_path):
     assert "Host 127.0.0.1 127.0.0.2\n" in client and "  Port 2222\n" in client and "  StrictHostKeyChecking yes\n" in client
 
 
+def test_folders_of_sshds_killed_outright_are_removed_later(tmp_path):
+    stale, starting = tmp_path / "sshd-1-aaaaaa", tmp_path / "sshd-2-bbbbbb"
+    for folder in (stale, starting):
+        folder.mkdir()
+    (stale / "sshd.pid").write_text("999999999\n")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    sshd._remove_stale(tmp_path)
+    assert not stale.exists() and starting.exists(), "a folder whose sshd may still be starting stays"
+
+
 def test_missing_tools_are_named_with_their_packages(monkeypatch):
     monkeypatch.setattr(sshd, "find_tool", lambda name: None if name in ("pdsh", "sshd") else f"/usr/bin/{name}")
     reason = sshd.why_not()

@@ -57,9 +57,10 @@ def why_not(hosts: int | Sequence[str] = 2) -> str | None:
     missing = [tool for tool in TOOLS if not find_tool(tool)]
     if missing:
         packages = " ".join(sorted({TOOLS[t] for t in missing}))
-        return (f"{', '.join(missing)} not found. Install them (Debian/Ubuntu: sudo apt-get install {packages}; "
+        return (f"{', '.join(missing)} not found. Install {'it' if len(missing) == 1 else 'them'} (Debian/Ubuntu: "
+                f"sudo apt-get install {packages}; "
                 f"`make setup` does it where it runs as root): only the programs are used, the course starts its own "
-                f"sshd and enables no service.")
+                f"sshd and needs no ssh service.")
     for host in _addresses(hosts):
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -128,6 +129,7 @@ def start(hosts: int | Sequence[str] = 2, timeout: float = START_TIMEOUT) -> Loo
     if reason:
         raise RuntimeError(reason)
     addresses = _addresses(hosts)
+    _remove_stale(paths.build_dir() / "ssh")
     keys = _keys(paths.build_dir() / "ssh" / "keys")
     user = pwd.getpwuid(os.getuid()).pw_name
     for attempt in range(3):            # a port free on 127.0.0.1 may be taken on another address: try another
@@ -160,6 +162,21 @@ def loopback_hosts(hosts: int | Sequence[str] = 2, timeout: float = START_TIMEOU
 
 class _PortTaken(Exception):
     pass
+
+
+def _remove_stale(root: Path, age: float = 60.0) -> None:
+    """Remove the folders of sshds that are gone without their ``stop()`` (their process was killed outright): older
+    than ``age`` seconds (a starting sshd may not have written its pid file yet) and no live sshd under their pid."""
+    for folder in root.glob("sshd-*"):
+        try:
+            if time.time() - folder.stat().st_mtime < age:
+                continue
+            sshd = psutil.Process(int((folder / "sshd.pid").read_text().split()[0]))
+            if sshd.name() == "sshd" and sshd.status() != psutil.STATUS_ZOMBIE:
+                continue
+        except (OSError, ValueError, IndexError, psutil.Error):
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _keys(folder: Path) -> dict[str, Path]:
