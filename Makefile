@@ -22,13 +22,14 @@ setup: $(STAMP)
 preflight:
 	@$(PYTHON) -m course_utils.preflight
 
-$(STAMP): requirements.txt pyproject.toml course_utils/ops.py
+$(STAMP): requirements.txt pyproject.toml course_utils/ops.py .ci/install-libaio .ci/install-multinode
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "DeepSpeed course (.venv)" >/dev/null
 	bash .ci/install-libaio
+	bash .ci/install-multinode
 	$(PY) -m course_utils.ops --build
 	@touch $(STAMP)
 

@@ -15,7 +15,7 @@ CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its ow
 
 # Seconds each notebook's tests took with the smoke parameters on 2 CPU cores. `make test` runs the tests
 # on two workers (pytest-xdist); starting the longest first keeps both workers busy to the end.
-SMOKE_SECONDS = {"10": 191, "03": 165, "11": 80, "09": 127, "02": 119, "04": 108, "08": 92, "07": 90, "01": 63,
+SMOKE_SECONDS = {"10": 191, "03": 165, "11": 80, "09": 127, "02": 119, "04": 108, "08": 92, "07": 90, "01": 71,
                  "06": 60, "05": 54, "00": 29}
 
 
@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = item.path.stem
         if name.startswith("test_nb_"):
             return SMOKE_SECONDS.get(name[len("test_nb_"):][:2], 60)
-        return 10 if name == "test_launch" else 0
+        return {"test_multinode": 40, "test_launch": 10}.get(name, 0)
 
     items.sort(key=expected_seconds, reverse=True)      # a stable sort: same-file tests keep their order
 

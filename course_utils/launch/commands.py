@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from .. import configs, paths
+from .environment import ssh_environment, write_env_file
 from .options import LaunchOptions
 
 
@@ -85,24 +86,64 @@ def config_args(options: LaunchOptions, run_dir: Path) -> list[str]:
     return [options.config_arg, paths.relative(cfg_path)]
 
 
+def write_hostfile(run_dir: Path, hosts: list[str], slots: int) -> Path:
+    """``<host> slots=<n>`` lines in the run folder: the nodes DeepSpeed's launcher counts ranks over, in order."""
+    hostfile = run_dir / "hostfile"
+    hostfile.write_text("".join(f"{host} slots={slots}\n" for host in hosts))
+    return hostfile
+
+
 def node_commands(cli: str, script: Path, script_args: list[str], options: LaunchOptions, port: int,
                   run_dir: Path) -> list[list[str]]:
-    """One ``deepspeed`` command per simulated node (one in the usual single-machine case).
+    """One ``deepspeed`` command per simulated node (one in the usual single-machine case, and over ssh).
 
     Simulated nodes share a hostfile naming ``node0``, ``node1``, ... and each launcher starts only its
     own node's ranks (``--no_ssh --node_rank n``), all meeting at the same master address and port.
+    With ``hosts``, one launcher reads a hostfile of those hosts and starts every node's ranks over ssh
+    with pdsh (DeepSpeed's default multi-node path); the first host is the master. With the runner's own
+    ``ssh_config``, DeepSpeed's ssh check (plain ``ssh <first host> hostname``, which cannot see that file)
+    is left out: :func:`ssh_launch_env` hands the file to pdsh's ssh instead.
     """
-    common = ["--master_addr", "127.0.0.1", "--master_port", str(port)]
+    master = options.hosts[0] if options.hosts else "127.0.0.1"
+    common = ["--master_addr", master, "--master_port", str(port)]
     tail = ["--enable_each_rank_log", paths.relative(run_dir / "ranks"), paths.relative(script), *script_args]
+    if options.hosts:
+        hostfile = write_hostfile(run_dir, list(options.hosts), options.procs)
+        check = ["--no_ssh_check"] if options.ssh_config else []
+        return [[cli, "--hostfile", paths.relative(hostfile), "--launcher", "pdsh", *check, *common, *tail]]
     if options.nodes == 1:
         return [[cli, "--num_gpus", str(options.procs), *common, *tail]]
-    hostfile = run_dir / "hostfile"
-    hostfile.write_text("".join(f"node{n} slots={options.procs}\n" for n in range(options.nodes)))
+    hostfile = write_hostfile(run_dir, [f"node{n}" for n in range(options.nodes)], options.procs)
     return [[cli, "--hostfile", paths.relative(hostfile), "--no_ssh", "--node_rank", str(n), *common, *tail]
             for n in range(options.nodes)]
 
 
-def shown_command(commands: list[list[str]]) -> str:
-    """The shell commands a learner could paste into a terminal: ``cd <repo> && deepspeed ...``, one per node."""
-    return "\n".join(f"cd {shlex.quote(str(paths.ROOT))} && " + shlex.join(["deepspeed", *c[1:]])
+ENV_FILE = ".deepspeed_env"     # in the run folder; DS_ENV_FILE tells DeepSpeed's runner where it is
+
+
+def ssh_launch_env(options: LaunchOptions, run_dir: Path, rank_env: dict[str, str]) -> dict[str, str]:
+    """The launcher's environment for a launch over ssh (empty otherwise), with the files it names written.
+
+    - ``DS_ENV_FILE``: DeepSpeed's runner exports every ``NAME=value`` line of ``.deepspeed_env`` (looked up in
+      the home folder and the current folder, or where this variable says) to the ranks on every host; the
+      run folder gets its own, with what the ranks need (:func:`environment.ssh_environment`).
+    - ``PDSH_SSH_ARGS_APPEND``: options pdsh adds to each ``ssh`` it runs; here ``-F <ssh_config>``.
+    """
+    if not options.hosts:
+        return {}
+    env_file = write_env_file(run_dir / ENV_FILE, ssh_environment(rank_env))
+    env = {"DS_ENV_FILE": str(env_file)}
+    if options.ssh_config:
+        config = str(Path(options.ssh_config).resolve())
+        if any(c.isspace() for c in config):
+            raise ValueError(f"pdsh splits PDSH_SSH_ARGS_APPEND at blanks: the ssh config's path must have none ({config})")
+        env["PDSH_SSH_ARGS_APPEND"] = f"-F {config}"
+    return env
+
+
+def shown_command(commands: list[list[str]], env: dict[str, str] | None = None) -> str:
+    """The shell commands a learner could paste into a terminal: ``cd <repo> && deepspeed ...``, one per node,
+    after the launcher's own variables (``env``) when it has any."""
+    assignments = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return "\n".join(f"cd {shlex.quote(str(paths.ROOT))} && {assignments}" + shlex.join(["deepspeed", *c[1:]])
                      for c in commands)

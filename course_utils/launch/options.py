@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 DEFAULT_TIMEOUT = 600   # seconds; far above any course launch, low enough that a hung cell ends on its own
 
@@ -19,6 +19,8 @@ class LaunchOptions:
 
     procs: int                                    # ranks per node (already resolved from the hardware)
     nodes: int = 1                                # simulated nodes on this machine
+    hosts: Sequence[str] | None = None            # hosts reached over ssh by pdsh (DeepSpeed's multi-node path)
+    ssh_config: str | Path | None = None          # ssh client config pdsh's ssh reads (-F), for ``hosts``
     config: dict | str | Path | None = None       # DeepSpeed config: a dict, or a path (configs/ looked up)
     trainer: bool = False                         # allow the "auto" values the HF Trainer fills in
     config_arg: str = "--deepspeed_config"        # the script's flag that receives the config path
@@ -37,12 +39,32 @@ class LaunchOptions:
             raise ValueError(f"procs must be a whole number of ranks per node ≥ 1, not {self.procs!r}")
         if not isinstance(self.nodes, int) or self.nodes < 1:
             raise ValueError(f"nodes must be a whole number ≥ 1, not {self.nodes!r}")
+        if self.hosts is not None:
+            if isinstance(self.hosts, str) or not self.hosts or not all(map(_host_name, self.hosts)):
+                raise ValueError(f"hosts must be a list of host names or addresses, not {self.hosts!r}")
+            if len(set(self.hosts)) != len(self.hosts):
+                raise ValueError(f"hosts must name each host once: {list(self.hosts)}")
+            if self.nodes != 1:
+                raise ValueError("hosts= launches on real hosts over ssh, nodes= simulates nodes here: pass one of them")
+            object.__setattr__(self, "hosts", tuple(self.hosts))
+        elif self.ssh_config is not None:
+            raise ValueError("ssh_config is for a launch over ssh: pass hosts= too")
         if self.on_timeout not in ("stacks", "kill"):
             raise ValueError(f'on_timeout must be "stacks" or "kill", not {self.on_timeout!r}')
         if self.stall is not None and not self.stall > 0:
             raise ValueError(f"stall must be a number of seconds > 0 (or None), not {self.stall!r}")
 
     @property
+    def node_count(self) -> int:
+        """Nodes of the launch: the hosts reached over ssh, else the simulated nodes."""
+        return len(self.hosts) if self.hosts else self.nodes
+
+    @property
     def world_size(self) -> int:
-        """Ranks over all simulated nodes."""
-        return self.procs * self.nodes
+        """Ranks over all nodes (``procs`` on each)."""
+        return self.procs * self.node_count
+
+
+def _host_name(host: Any) -> bool:
+    """A name a hostfile line and pdsh's ``-w`` list can carry: no blanks, commas or ``=``."""
+    return isinstance(host, str) and bool(host) and not any(c.isspace() or c in ",=" for c in host)

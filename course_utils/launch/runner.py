@@ -19,8 +19,8 @@ from . import commands as cmds
 from .environment import rank_environment
 from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
 from .options import DEFAULT_TIMEOUT, LaunchOptions
-from .processes import (kill_group, rank_stacks, release_build_locks, release_shm_buffers, signal_groups,
-                        start_launchers, start_watchdog)
+from .processes import (end_run_processes, kill_group, kill_ssh_launch, rank_stacks, release_build_locks,
+                        release_shm_buffers, signal_groups, start_launchers, start_watchdog)
 from .result import LaunchError, LaunchResult
 from .streams import LearnerFilter, Streams
 
@@ -29,7 +29,8 @@ from ..rank.scaffolding import FINISHED_DIR
 
 
 def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, config: dict | str | Path | None = None,
-              timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1, name: str | None = None,
+              timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1,
+              hosts: Sequence[str] | None = None, ssh_config: str | Path | None = None, name: str | None = None,
               trainer: bool = False, config_arg: str = "--deepspeed_config", check: bool = True,
               verbose: bool = False, quiet: bool = False, precheck: bool = True,
               min_ranks: int | None = None, on_timeout: str = "stacks", stall: float | None = None) -> LaunchResult:
@@ -44,6 +45,10 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
       ``TrainingArguments(deepspeed=...)``).
     - ``precheck=False``: skip that validation and pass the config unchanged, to meet DeepSpeed's own error.
     - ``nodes``: simulate several nodes on this machine (one launcher per node, ``--no_ssh``).
+    - ``hosts``: DeepSpeed's real multi-node path: a hostfile of these hosts (``procs`` slots each), one launcher
+      that starts every node's ranks over ssh with pdsh (``--launcher pdsh``, the first host is the master), and
+      ``.deepspeed_env`` with the environment the ranks need. ``ssh_config``: an ssh client config for pdsh's ssh
+      (``-F``; :mod:`course_utils.launch.sshd` makes one for loopback hosts on this machine).
     - ``timeout``: seconds until every process of the launch is killed and :class:`LaunchError` raised.
     - ``on_timeout="stacks"`` (the default): before killing, ask every rank for its Python stacks (the rank
       hook's ``faulthandler``, on SIGUSR1) and put where each rank waited into the error (``result.stacks``, and
@@ -60,7 +65,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
         env = {**(env or {}), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
         if not quiet:
             print(place.note, flush=True)
-    options = LaunchOptions(procs=place.procs, nodes=nodes, config=config,
+    options = LaunchOptions(procs=place.procs, nodes=nodes, hosts=hosts, ssh_config=ssh_config, config=config,
                             trainer=trainer, config_arg=config_arg, timeout=timeout, env=env, name=name,
                             check=check, verbose=verbose, quiet=quiet, precheck=precheck, on_timeout=on_timeout,
                             stall=stall)
@@ -78,11 +83,13 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     args = [str(a) for a in script_args] + cmds.config_args(options, run_dir)
     port = cmds.free_port()
     commands = cmds.node_commands(cmds.deepspeed_cli(), script_path, args, options, port, run_dir)
-    shown = cmds.shown_command(commands)
+    environment = rank_environment(run_dir, options.world_size, options.env)
+    launcher_env = cmds.ssh_launch_env(options, run_dir, environment)
+    environment.update(launcher_env)
+    shown = cmds.shown_command(commands, launcher_env)
     if not options.quiet:
         print(f"$ {shown}", flush=True)
 
-    environment = rank_environment(run_dir, options.world_size, options.env)
     shown_filter = LearnerFilter()
     log_lines: list[str] = []
 
@@ -102,19 +109,30 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     started, started_wall = time.monotonic(), time.time()
     launchers: list[subprocess.Popen] = []
     watchdog: subprocess.Popen | None = None
+    over_ssh = bool(options.hosts)
+    finished: bool | str = False
+
+    def kill(at_once: bool = False) -> None:
+        if over_ssh:
+            kill_ssh_launch(launchers, run_dir, at_once)
+        else:
+            _kill_local(launchers, at_once)
+
     try:
         launchers = start_launchers(commands, paths.ROOT, environment)
-        watchdog = start_watchdog(launchers, port)
-        streams = Streams(launchers, run_dir / "ranks")
+        watchdog = start_watchdog(launchers, port, run_dir, over_ssh)
+        streams = Streams(launchers, run_dir / "ranks", options.hosts or ())
         stall = Stall(options.stall, options.world_size) if options.stall else None
         timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout,
-                                         lambda: _ranks_done(run_dir, options.world_size), before_kill_on_timeout,
-                                         stall)
+                                         lambda: _ranks_done(run_dir, options.world_size),
+                                         on_timeout=before_kill_on_timeout, kill=kill, stall=stall)
     except BaseException:
-        kill_group(launchers)
+        kill()
         release_build_locks(started_wall)      # a rank killed while it compiled an op would block every later build
         raise
     finally:
+        if over_ssh:        # the ranks on every host are sshd's children, not the launcher's
+            end_run_processes(run_dir, at_once=bool(finished))     # once the ranks are done, idle launchers go
         if watchdog is not None:
             watchdog.kill()
             watchdog.wait()
@@ -171,18 +189,21 @@ class Stall:
 
 def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callable[[list[str]], None],
                started: float, timeout: float, all_finished: Callable[[], bool | str],
-               on_timeout: Callable[[], None] = lambda: None, stall: Stall | None = None) -> tuple[bool, bool | str]:
+               on_timeout: Callable[[], None] = lambda: None,
+               kill: Callable[[bool], None] | None = None, stall: Stall | None = None) -> tuple[bool, bool | str]:
     """Stream until every launcher has exited; end the launch early on a failed node or the timeout.
 
     Returns (whether the timeout ended it, ``all_finished()`` when that ended it: ``True`` when every rank
     finished, ``"failed"`` when every rank finished or died of an exception). A node whose launcher failed
-    ends the others too, since their ranks would wait forever in a collective for the ranks that are
-    gone. Once every rank has passed ``scaffolding.finish()`` (its output flushed, its mark in the run
-    folder), or every rank has ended and some of them failed, the launch is over: the launchers, idle in
-    DeepSpeed's once-a-second polling loop and their own shutdown (2–3 s), are ended at once. On the timeout
-    (or a ``stall``: every rank has printed, then silence), ``on_timeout()`` runs before the kill (the runner
-    collects the ranks' stacks there).
+    (a simulated node's launcher exiting with an error, or pdsh reporting a host's failure over ssh) ends the
+    others too, since their ranks would wait forever in a collective for the ranks that are gone. Once every
+    rank has passed ``scaffolding.finish()`` (its output flushed, its mark in the run folder), or every rank has
+    ended and some of them failed, the launch is over: the launchers, idle in DeepSpeed's once-a-second polling
+    loop and their own shutdown (2–3 s), are ended at once. On the timeout (or a ``stall``: every rank has
+    printed, then silence), ``on_timeout()`` runs before the kill (the runner collects the ranks' stacks there).
+    ``kill(at_once)`` ends the launch (default :func:`_kill_local`; ``at_once=True`` once every rank is done).
     """
+    kill = kill or (lambda at_once=False: _kill_local(launchers, at_once))
     timed_out = finished = False
     while True:
         streams.poll_rank_logs()
@@ -194,19 +215,17 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
         done = all_finished()
         if done:
             finished = done
-            signal_groups(launchers, signal.SIGKILL)
-            for p in launchers:
-                p.wait()
+            kill(True)
             break
-        if any(c not in (None, 0) for c in codes):   # one simulated node failed: its peers would hang
-            kill_group(launchers)
+        if any(c not in (None, 0) for c in codes) or streams.failed_hosts:   # a node failed: its peers would hang
+            kill()
             break
         if time.monotonic() - started > timeout or (stall is not None and stall.expired(lines, streams)):
             timed_out = True
             try:
                 on_timeout()
             finally:
-                kill_group(launchers)
+                kill()
             break
         time.sleep(0.1)
     for t in streams.readers:
@@ -214,3 +233,14 @@ def _supervise(launchers: list[subprocess.Popen], streams: Streams, emit: Callab
     streams.poll_rank_logs(final=True)
     emit(streams.drain())
     return timed_out, finished
+
+
+def _kill_local(launchers: list[subprocess.Popen], at_once: bool = False) -> None:
+    """End a launch on this machine: :func:`kill_group`, or with ``at_once`` (its ranks are done, the launchers
+    idle) SIGKILL to the launchers' groups."""
+    if not at_once:
+        kill_group(launchers)
+        return
+    signal_groups(launchers, signal.SIGKILL)
+    for p in launchers:
+        p.wait()

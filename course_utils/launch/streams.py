@@ -34,6 +34,8 @@ CHATTER: list[re.Pattern[str]] = [
     # printed by every rank of every Trainer launch; the default loss is what the course wants.
     re.compile(r"`loss_type=None` was set in the config but it is unrecognized\."),
 ]
+# pdsh's line when the command it ran on a host over ssh failed (that node's launcher ended with an error).
+PDSH_NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code (\d+)$")
 # Python's warnings module prints "file:line: Category: message" then the offending source line, indented.
 _WARNING_HEADER = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
@@ -64,8 +66,10 @@ class LearnerFilter:
 class Streams:
     """Collects launcher output (pipes) and rank output (per-rank log files) into one prefixed stream."""
 
-    def __init__(self, launchers: list[subprocess.Popen], ranks_dir: Path):
+    def __init__(self, launchers: list[subprocess.Popen], ranks_dir: Path, hosts: tuple[str, ...] = ()):
         self.lines: queue.Queue[str] = queue.Queue()
+        self.hosts = hosts          # a launch over ssh: pdsh starts each node's line with "<host>: "
+        self.failed_hosts: list[str] = []     # hosts whose node launcher failed, as pdsh reported them
         self.ranks_dir = ranks_dir
         self.offsets: dict[Path, int] = {}
         self.partial: dict[Path, str] = {}
@@ -78,7 +82,14 @@ class Streams:
     def _pump(self, launcher: subprocess.Popen, node: int, nodes: int) -> None:
         prefix = "[launcher]" if nodes == 1 else f"[launcher node{node}]"
         for line in launcher.stdout:
-            self.lines.put(f"{prefix} {line.rstrip()}")
+            failed = PDSH_NODE_FAILED.match(line.rstrip()) if self.hosts else None
+            if failed and failed.group(2) != "0":
+                self.failed_hosts.append(failed.group(1))
+            host, sep, text = line.partition(": ")
+            if sep and host in self.hosts:
+                self.lines.put(f"[launcher {host}] {text.rstrip()}")
+            else:
+                self.lines.put(f"{prefix} {line.rstrip()}")
 
     def poll_rank_logs(self, final: bool = False) -> None:
         """Queue the complete lines the rank logs gained since the last poll (all of them when ``final``)."""

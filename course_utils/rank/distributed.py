@@ -34,6 +34,7 @@ class Identity(Record, name="identity"):
     argv: list            # the command-line arguments this rank's script received (sys.argv[1:])
     backend: str | None = None
     device: str | None = None
+    ssh_host: str | None = None   # the address ssh reached this rank's node at; None when started without ssh
 
 
 def rank_identity() -> Identity:
@@ -42,13 +43,16 @@ def rank_identity() -> Identity:
     ``CROSS_RANK`` is the launcher's name for the node rank (``--node_rank``), ``LOCAL_SIZE`` the
     number of ranks on this node. ``argv`` shows what the launcher passed: ``--local_rank=N`` ahead of
     the script's own arguments (``deepspeed/launcher/launch.py``), unless it ran with ``--no_local_rank``.
+    A rank whose node's launcher was started over ssh (pdsh) has sshd's ``SSH_CONNECTION`` ("client address,
+    client port, server address, server port"): the server address is the host as the launcher reached it.
     """
     env = os.environ
+    connection = env.get("SSH_CONNECTION", "").split()
     return Identity(node_rank=int(env.get("CROSS_RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
                     rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
                     local_size=int(env.get("LOCAL_SIZE", 1)), master_addr=env.get("MASTER_ADDR"),
                     master_port=int(env.get("MASTER_PORT", 0)), host=socket.gethostname(), pid=os.getpid(),
-                    argv=list(sys.argv[1:]))
+                    argv=list(sys.argv[1:]), ssh_host=connection[2] if len(connection) == 4 else None)
 
 
 def backends_available() -> dict[str, bool]:

@@ -1,10 +1,12 @@
 """Notebook 01's tables and figures: the collectives of every rank, the collectives ZeRO calls, the
-parallelism families, the ring all-reduce step by step, all_reduce timing."""
+parallelism families, the ring all-reduce step by step, all_reduce timing, a launch over ssh."""
 from __future__ import annotations
 
+import re
 from typing import Callable
 
-from ..rank.distributed import COLLECTIVES, AllReduceTime, CollectiveRow, ZeroCollectives
+from ..launch.commands import ENV_FILE
+from ..rank.distributed import COLLECTIVES, AllReduceTime, CollectiveRow, Identity, ZeroCollectives
 from ..rank.ring import RingStep
 from ..rank.record import read_as
 
@@ -17,6 +19,36 @@ def collectives_table(records: list[dict]):
     df = pd.DataFrame(read_as(records, CollectiveRow, rank=None))
     df["collective"] = pd.Categorical(df["collective"], COLLECTIVES, ordered=True)
     return df.sort_values(["collective", "rank"]).set_index(["collective", "rank"])
+
+
+def pdsh_command(log: str, width: int = 110, longest: int = 96) -> str:
+    """The command DeepSpeed's pdsh runner ran (its ``cmd = pdsh ...`` log line), one shell statement a line (wrapped
+    at ``width``), words over ``longest`` characters shortened: pdsh and its hosts, the ``export``s, the ``cd``, the
+    node launcher with its arguments."""
+    import textwrap
+
+    line = next(line for line in log.splitlines() if "cmd = pdsh " in line)
+    head, rest = re.match(r"(pdsh .*?-w \S+) (.*)", line.split("cmd = ", 1)[1]).groups()
+    short = lambda word: word if len(word) <= longest else word[:longest - 1] + "…"
+    statements = [" ".join(map(short, s.split())) for s in re.split(r"(?<=;) ", rest) if s.strip()]
+    return "\n".join([head, *(textwrap.fill(s, width, initial_indent="    ", subsequent_indent="        ",
+                                            break_long_words=False, break_on_hyphens=False) for s in statements)])
+
+
+def ssh_launch_table(result):
+    """A launch over ssh, from its run folder and log: prints its hostfile, its ``.deepspeed_env`` and the command
+    DeepSpeed's runner gave pdsh; returns one row per rank: who it is, the host ssh reached it at (sshd's
+    ``SSH_CONNECTION``), its host name, and its all_reduce tensor before and after."""
+    import pandas as pd
+
+    print(f"hostfile:\n{(result.run_dir / 'hostfile').read_text()}")
+    print(f"{ENV_FILE} (the run's, named by DS_ENV_FILE):\n{(result.run_dir / ENV_FILE).read_text()}")
+    print(f"what DeepSpeed's runner ran (long values shortened):\n{pdsh_command(result.log)}\n")
+    reduced = {r.rank: r for r in read_as(result.records, CollectiveRow, rank=None) if r.collective == "all_reduce"}
+    return pd.DataFrame([{"rank": i.rank, "node_rank": i.node_rank, "ssh_host": i.ssh_host, "host name": i.host,
+                          "pid": i.pid, "master": f"{i.master_addr}:{i.master_port}",
+                          "all_reduce before": reduced[i.rank].before, "all_reduce after": reduced[i.rank].after}
+                         for i in read_as(result.records, Identity, rank=None)]).set_index("rank")
 
 
 def plot_parallelism_families():
