@@ -42,11 +42,15 @@ def step_loss(step: int, rank: int, device: str) -> torch.Tensor:
     return torch.tensor(value, device=device)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--log_metrics_file", default=None, help="file defining log_metrics() (exercise 3)")
-    args = parse_args(parser, argv)
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
     log = log_metrics
     if args.log_metrics_file:
         log = load_exercise(args.log_metrics_file, ["log_metrics"])["log_metrics"]

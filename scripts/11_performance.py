@@ -219,7 +219,7 @@ def run_profiled(base: dict, steps: int, seq_len: int, device: str, ar_repeats: 
     rank0_print(f"{steps} profiled steps; all_reduce timed at {len(AR_SIZES)} sizes")
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--accumulation_steps", type=int, default=6, help="optimizer steps per accumulation setting")
     parser.add_argument("--accumulate_file", default=None, help="file defining accumulate() (exercise 1)")
@@ -233,7 +233,11 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=6, help="steps of the profiled engine")
     parser.add_argument("--seq_len", type=int, default=64, help="tokens per sample of the profiled engine")
     parser.add_argument("--ar_repeats", type=int, default=5)
-    args = parse_args(parser, argv)
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
     base = load_config(args)
     deepspeed.init_distributed()
     device = get_accelerator().current_device_name()

@@ -192,3 +192,22 @@ def test_scripts_load_their_config_through_one_helper():
         load_config(SimpleNamespace(deepspeed_config=None))
     for path in paths.SCRIPTS.glob("*.py"):
         assert "json.load(open(" not in path.read_text() and "spec_from_file_location" not in path.read_text(), path.name
+
+
+def test_11_every_accumulation_split_trains_on_the_same_samples_with_plain_sgd():
+    from course_utils.rank import perf
+
+    s = scripts.load("11_performance")
+    world = 2
+    for step in range(2):
+        splits = {(micro, gas): torch.cat([torch.cat(perf.micro_batches(step, r, world, micro, gas))
+                                           for r in range(world)]) for micro, gas in s.ACCUMULATION}
+        first, *others = splits.values()
+        assert all(torch.equal(first, other) for other in others)
+        assert all(len(b) == micro for (micro, gas) in s.ACCUMULATION for b in perf.micro_batches(step, 0, world, micro, gas))
+    base = read_config(paths.CONFIGS / "11_performance.json")
+    cfg = s.accumulation_config(base, 2, 4)
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 4)
+    assert cfg["optimizer"]["type"] == "SGD" and cfg["zero_allow_untested_optimizer"] is True
+    assert not {"flops_profiler", "csv_monitor", "wall_clock_breakdown"} & set(cfg)
+    assert "flops_profiler" in base, "the base config keeps its profiling sections"
