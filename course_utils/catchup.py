@@ -24,6 +24,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import nbformat
 
@@ -32,7 +33,7 @@ from .nbtools import parameterized, select, where
 
 CELL_TIMEOUT = 1800          # seconds one cell may run; every launch inside has its own, shorter timeout
 LARGEST_VALUE = 200 * 2**20  # bytes: a larger value (a big model, say) is not saved; its cell is named instead
-SAVE = "__import__('course_utils.catchup').catchup.save_state({path!r}, {notebook!r})"
+SAVE = "__import__('course_utils.catchup').catchup.save_state({path!r}, {notebook!r}, {end})"
 
 
 def state_file(name: str) -> Path:
@@ -98,7 +99,7 @@ def catch_up(name: str, upto: str | None = None, copy: Path | None = None, param
     state = state_file(course.stem)
     state.parent.mkdir(parents=True, exist_ok=True)
     state.unlink(missing_ok=True)
-    run.cells.append(nbformat.v4.new_code_cell(SAVE.format(path=str(state), notebook=str(path))))
+    run.cells.append(nbformat.v4.new_code_cell(SAVE.format(path=str(state), notebook=str(path), end=end)))
     started = time.monotonic()
     NotebookClient(run, timeout=timeout, allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
@@ -122,28 +123,36 @@ def catch_up(name: str, upto: str | None = None, copy: Path | None = None, param
 
 
 def defined_by(sources: list[str]) -> dict[str, int]:
-    """For each name the code ``sources`` bind (assign, def, class, import, for, with), the last source binding it."""
+    """For each name the code ``sources`` bind at their top level (assign, def, class, import, for, with), the last
+    source binding it."""
     import ast
+
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+              ast.DictComp, ast.GeneratorExp)
+
+    def bound(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield child.name
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield from ((a.asname or a.name).split(".")[0] for a in child.names)
+            elif isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                yield child.id
+            if not isinstance(child, scopes):
+                yield from bound(child)
 
     found = {}
     for i, source in enumerate(sources):
         try:
-            tree = ast.parse(source)
+            found.update({name: i for name in bound(ast.parse(source))})
         except SyntaxError:                                      # a cell with IPython magics
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                found[node.id] = i
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                found[node.name] = i
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                found.update({(a.asname or a.name).split(".")[0]: i for a in node.names})
     return found
 
 
-def save_state(path: str, notebook: str) -> None:
+def save_state(path: str, notebook: str, end: int | None = None) -> None:
     """In the catch-up kernel: pickle each of its variables (modules by name) to ``path``; say which could not be,
-    with the cell of ``notebook`` that binds it (its section and first line)."""
+    with the cell of ``notebook`` (of those above cell ``end``, the ones run) that binds it."""
     import pickle
     import types
 
@@ -169,7 +178,7 @@ def save_state(path: str, notebook: str) -> None:
             continue
         saved[name] = ("value", data)
     nb = nbformat.read(notebook, as_version=4)
-    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    code = [i for i, cell in enumerate(nb.cells[:end]) if cell.cell_type == "code"]
     cells = {name: where(nb, code[i]) for name, i in defined_by([nb.cells[i].source for i in code]).items()}
     with open(path, "wb") as out:
         pickle.dump({"saved": saved, "skipped": {k: (why, cells.get(k)) for k, why in skipped.items()}}, out)

@@ -122,16 +122,19 @@ class GradeExecute(Execute):
 
     def _answers(self) -> bool:
         """Whether the kernel runs an empty cell within ``stop_wait`` (it finished the interrupted one after all)."""
-        from nbclient.exceptions import DeadKernelError
+        from queue import Empty
 
-        saved = self.timeout, self.shell_timeout_interval
-        self.timeout = self.shell_timeout_interval = self.stop_wait
-        try:
-            return self.wait_for_reply(self.kc.execute("", silent=True, store_history=False)) is not None
-        except DeadKernelError:
-            return False
-        finally:
-            self.timeout, self.shell_timeout_interval = saved
+        from jupyter_core.utils import run_sync
+
+        asked, deadline = self.kc.execute("", silent=True, store_history=False), time.monotonic() + self.stop_wait
+        get = run_sync(self.kc.shell_channel.get_msg)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                if get(timeout=left)["parent_header"].get("msg_id") == asked:
+                    return True
+            except Empty:
+                break
+        return False
 
     def _stop(self, why: str) -> None:
         self._stopped, self.shutdown_kernel = why, "immediate"     # no graceful shutdown for a kernel that hangs
@@ -281,6 +284,14 @@ def unscored_checks(nb: nbformat.NotebookNode) -> list[str]:
 def autograde(api, participant: str, assignment: str) -> Graded:
     """``nbgrader autograde`` of one submission already under ``submitted/``: its points, failed checks, problems."""
     graded = Graded(participant, assignment)
+    with api.gradebook as gb:
+        handed_out = gb.find_assignment(assignment)
+        expected, graded.max_points = {f"{n.name}.ipynb" for n in handed_out.notebooks}, handed_out.max_score
+    handed = {p.name for p in (root() / "submitted" / participant / assignment).glob("*.ipynb")}
+    missing = [f"no {name} handed in (found: {', '.join(sorted(handed)) or 'nothing'})" for name in sorted(expected - handed)]
+    if expected and not expected & handed:           # nbgrader would stop at "No notebooks found"
+        graded.error = "; ".join(missing)
+        return graded
     started = time.monotonic()
     with grading_build(), warnings.catch_warnings():
         # nbgrader adds a submission to its gradebook in a way SQLAlchemy 2 notes as "not in session": harmless
@@ -291,14 +302,13 @@ def autograde(api, participant: str, assignment: str) -> Graded:
         log = (result.get("log", "") + result.get("error", "")).strip().splitlines()
         graded.error = next((line for line in log if "[ERROR]" in line), log[-1] if log else "nbgrader failed")
         return graded
-    folder = root() / "autograded" / participant / assignment
-    for path in sorted(folder.glob("*.ipynb")):
+    for path in sorted((root() / "autograded" / participant / assignment).glob("*.ipynb")):
         failed, problems = problems_of(nbformat.read(str(path), as_version=4))
         graded.failed_checks += failed
         graded.problems += problems
+    graded.problems += [f"{m}: scored 0" for m in missing]
     with api.gradebook as gb:
-        submission = gb.find_submission(assignment, participant)
-        graded.points, graded.max_points = submission.score, submission.max_score
+        graded.points = gb.find_submission(assignment, participant).score
     return graded
 
 

@@ -122,9 +122,10 @@ def test_release_is_nbgraders_student_edition(build, tmp_path):
 
 
 def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, tmp_path, capsys):
-    """Five submissions of the drill, graded with the smoke parameters and 4 s per cell: all solved, none solved,
+    """Six submissions of the drill, graded with the smoke parameters and 4 s per cell: all solved, none solved,
     one solved; one whose cell raises and whose kernel then dies; one with a cell that nbgrader interrupts at its
-    timeout and a later one that ignores the interrupt. Each is graded as far as it got and the others all are."""
+    timeout and a later one that ignores the interrupt; one under another file name. Each is graded as far as it got
+    and the others all are."""
     source = drill(tmp_path / "course")
     released_path, = workshop.release(["99"], folder=source.parent)
     course, released = read(source), read(released_path)
@@ -136,16 +137,19 @@ def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, t
                                                 "### Exercise 2", "import os\nos._exit(1)"))
     hand_in(collected, "hang", DRILL, inserted(inserted(course, "## 2", "import time\ntime.sleep(120)"),
                                                "### Exercise 2", STUCK))
+    (collected / "renamed" / DRILL).mkdir(parents=True)          # the right folder, the notebook under another name
+    nbformat.write(course, str(collected / "renamed" / DRILL / f"{DRILL}-Copy1.ipynb"))
 
     results = {r.participant: r for r in workshop.grade(collected, smoke=True, timeout=4, stop_wait=1)}
 
     assert {p: (r.points, r.max_points) for p, r in results.items()} == {
-        "all": (2, 2), "none": (0, 2), "one": (1, 2), "crash": (1, 2), "hang": (1, 2)}
+        "all": (2, 2), "none": (0, 2), "one": (1, 2), "crash": (1, 2), "hang": (1, 2), "renamed": (0, 2)}
+    assert results["renamed"].error == f"no {DRILL}.ipynb handed in (found: {DRILL}-Copy1.ipynb)"
     table = grades()
     assert {p: (row["99-double"], row["99-half"], row["points"]) for p, row in table.items()} == {
         "all": ("1", "1", "2"), "none": ("0", "0", "0"), "one": ("1", "0", "1"), "crash": ("1", "0", "1"),
-        "hang": ("1", "0", "1")}
-    for participant in results:
+        "hang": ("1", "0", "1")}, "a submission nbgrader could not grade is no row of the gradebook"
+    for participant in set(results) - {"renamed"}:
         assert (workshop.root() / "feedback" / participant / DRILL / f"{DRILL}.html").stat().st_size > 1000
     assert results["none"].failed_checks == ["99-double (ExerciseNotDone)", "99-half (ExerciseNotDone)"]
     assert results["none"].problems == [] and results["all"].problems == results["all"].failed_checks == []
@@ -158,7 +162,7 @@ def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, t
     assert hang[1].startswith("timed out in “2 · Use it”, the cell `import signal, time`: it did not stop when interr")
     assert len(crash) == len(hang) == 3
     printed = capsys.readouterr().out
-    assert "the kernel died" in printed and "crash" in printed and "grades.csv" in printed
+    assert "the kernel died" in printed and f"99_drill                        NOT GRADED: no {DRILL}.ipynb" in printed
     # the smoke parameters reached the graded kernels, whose build is their own; the collected copies are untouched
     assert json.loads((build / "grading" / "drill.json").read_text()) == {"smoke": True, "used": 42}
     assert read(collected / "one" / DRILL / f"{DRILL}.ipynb").cells == solved(course, released, {"double"}).cells
@@ -166,12 +170,13 @@ def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, t
 
 
 def test_catchup_runs_the_learners_copy_and_keeps_their_answers(build, tmp_path):
-    """`make catchup NB=99 UPTO=3` on a copy with the learner's own double, an own cell, and exercise 2 not done."""
+    """`make catchup NB=99 UPTO=3` on a copy with the learner's own double, a cell of their own (one of its values
+    cannot be saved), and exercise 2 not done."""
     source = drill(tmp_path / "course")
     mine = read(student.student_copy(source, tmp_path / "mine"))
     ex = {e["name"]: e for e in student.exercises(read(source))}
     mine.cells[ex["double"]["cell"]].source = "def double(x: int) -> int:\n    return x + x      # my own"
-    mine = inserted(mine, "### Exercise 2", "ten_times = used * 10")
+    mine = inserted(mine, "### Exercise 2", "ten_times = used * 10\nsquares = (i * i for i in range(3))")
     copy_path = tmp_path / "mine" / f"{DRILL}.ipynb"
     nbformat.write(mine, str(copy_path))
 
@@ -188,7 +193,9 @@ def test_catchup_runs_the_learners_copy_and_keeps_their_answers(build, tmp_path)
     assert [e for _, e in done["errors"]] == ["ExerciseNotDone"], "exercise 2 is not done: its check says so"
     values, skipped = catchup.load_state(done["state"])
     assert values["double"](5) == 10 and values["used"] == 42 and values["ten_times"] == 420
-    assert values["SMOKE"] is True and values["cu"].__name__ == "course_utils" and not skipped
+    assert values["SMOKE"] is True and values["cu"].__name__ == "course_utils"
+    assert list(skipped) == ["squares"], "a generator cannot be saved: restore names the cell to run again"
+    assert skipped["squares"][1] == "in “2 · Use it”, the cell `ten_times = used * 10`"
 
 
 def test_catchup_finds_sections_by_number_or_words():
