@@ -124,7 +124,7 @@ def test_release_is_nbgraders_student_edition(build, tmp_path):
 def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, tmp_path, capsys):
     """Six submissions of the drill, graded with the smoke parameters and 4 s per cell: all solved, none solved,
     one solved; one whose cell raises and whose kernel then dies; one with a cell that nbgrader interrupts at its
-    timeout and a later one that ignores the interrupt; one under another file name. Each is graded as far as it got
+    timeout and a later one that ignores the interrupt; one of notebook 05 under another file name. Each is graded as far as it got
     and the others all are."""
     source = drill(tmp_path / "course")
     released_path, = workshop.release(["99"], folder=source.parent)
@@ -137,14 +137,16 @@ def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, t
                                                 "### Exercise 2", "import os\nos._exit(1)"))
     hand_in(collected, "hang", DRILL, inserted(inserted(course, "## 2", "import time\ntime.sleep(120)"),
                                                "### Exercise 2", STUCK))
-    (collected / "renamed" / DRILL).mkdir(parents=True)          # the right folder, the notebook under another name
-    nbformat.write(course, str(collected / "renamed" / DRILL / f"{DRILL}-Copy1.ipynb"))
+    renamed = collected / "renamed" / "05_memory_planning"    # a course notebook not released yet, handed in as a copy
+    renamed.mkdir(parents=True)
+    nbformat.write(released, str(renamed / "05_memory_planning-Copy1.ipynb"))
 
     results = {r.participant: r for r in workshop.grade(collected, smoke=True, timeout=4, stop_wait=1)}
 
     assert {p: (r.points, r.max_points) for p, r in results.items()} == {
         "all": (2, 2), "none": (0, 2), "one": (1, 2), "crash": (1, 2), "hang": (1, 2), "renamed": (0, 2)}
-    assert results["renamed"].error == f"no {DRILL}.ipynb handed in (found: {DRILL}-Copy1.ipynb)"
+    assert results["renamed"].error == "no 05_memory_planning.ipynb handed in (found: 05_memory_planning-Copy1.ipynb)"
+    assert workshop.released("05_memory_planning").exists(), "grading releases a course notebook the gradebook lacks"
     table = grades()
     assert {p: (row["99-double"], row["99-half"], row["points"]) for p, row in table.items()} == {
         "all": ("1", "1", "2"), "none": ("0", "0", "0"), "one": ("1", "0", "1"), "crash": ("1", "0", "1"),
@@ -162,7 +164,7 @@ def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, t
     assert hang[1].startswith("timed out in “2 · Use it”, the cell `import signal, time`: it did not stop when interr")
     assert len(crash) == len(hang) == 3
     printed = capsys.readouterr().out
-    assert "the kernel died" in printed and f"99_drill                        NOT GRADED: no {DRILL}.ipynb" in printed
+    assert "the kernel died" in printed and "05_memory_planning              NOT GRADED: no 05_memory_pl" in printed
     # the smoke parameters reached the graded kernels, whose build is their own; the collected copies are untouched
     assert json.loads((build / "grading" / "drill.json").read_text()) == {"smoke": True, "used": 42}
     assert read(collected / "one" / DRILL / f"{DRILL}.ipynb").cells == solved(course, released, {"double"}).cells
