@@ -1,11 +1,11 @@
 """A workshop with nbgrader: `make release`, `make grade`, `make catchup` (course_utils.workshop and .catchup).
 
-The default tests grade a drill: a notebook of three cells' worth of work built the course's way (parameters, two
-exercises marked by ``student.nbgrader_metadata``, checks from ``course_utils.checks``, a fallback), so nbgrader's
-whole round trip (release, submissions, autograde with the smoke parameters, gradebook, feedback) and every way a
-submission can stop costs seconds. Grading real notebooks executes each submission, launches and all (about 40 s
-per submission of 00 or 05 with the smoke parameters on 2 cores): those tests carry the ``workshop`` marker, which
-``make test`` leaves out; run them with ``pytest -m workshop tests/test_workshop.py``.
+The default tests grade a drill: a small notebook built the course's way (parameters, two exercises marked by
+``student.nbgrader_metadata``, checks from ``course_utils.checks``, a fallback), so nbgrader's whole round trip
+(release, submissions, autograde with the smoke parameters, gradebook, feedback) and every way a submission can stop
+cost seconds. Grading real notebooks executes each submission, launches and all (40 to 50 s per submission of 00 or
+05 with the smoke parameters on 2 busy cores): those tests carry the ``workshop`` marker, which ``make test`` leaves
+out; run them with ``pytest -m workshop tests/test_workshop.py``.
 """
 from __future__ import annotations
 
