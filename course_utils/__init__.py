@@ -14,8 +14,8 @@ imported on first use.
 """
 import importlib as _importlib
 
-_SUBMODULES = {"checks", "checkpoints", "compare", "configs", "course", "hardware", "launch", "nbtools", "notebook",
-               "ops", "paths", "planning", "preflight", "rank", "scripts", "student", "views"}
+_SUBMODULES = {"catchup", "checks", "checkpoints", "compare", "configs", "course", "hardware", "launch", "nbtools",
+               "notebook", "ops", "paths", "planning", "preflight", "rank", "scripts", "student", "views", "workshop"}
 _FROM_NOTEBOOK = {"start", "Notebook"}
 
 __all__ = sorted(_SUBMODULES | _FROM_NOTEBOOK)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Container
 
 from . import paths
-from .nbtools import notebooks
+from .nbtools import select
 
 CELL_TIMEOUT = 1800   # seconds one cell may run; every launch inside has its own, shorter timeout
 
@@ -143,7 +143,7 @@ def _run_one(notebook: Path, smoke: bool) -> Outcome:
 
 def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) -> int:
     build = paths.build_dir()
-    chosen = [nb for nb in notebooks() if not selected or any(nb.stem.startswith(s) for s in selected)]
+    chosen = select(selected)
     alone = {nb: why for nb in chosen if lanes > 1 and (why := runs_alone(nb))}   # notebook → why it runs alone
     queue = lane_order(chosen, alone, previous_seconds(build / "report.md"))
     outcomes: list[Outcome] = []

@@ -12,9 +12,44 @@ import nbformat
 
 from .paths import NOTEBOOKS
 
-def notebooks() -> list[Path]:
+def notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
     """The course notebooks in order (00_… to 10_…)."""
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def select(prefixes: "list[str] | None", folder: Path = NOTEBOOKS) -> list[Path]:
+    """The notebooks whose names start with one of ``prefixes`` ("00 05", "03_zero"), or all of them."""
+    return [nb for nb in notebooks(folder) if not prefixes or any(nb.stem.startswith(p) for p in prefixes)]
+
+
+def heading(nb: nbformat.NotebookNode, index: int) -> str:
+    """The section cell ``index`` is in: the last markdown heading above it."""
+    for cell in reversed(nb.cells[:index]):
+        if cell.cell_type == "markdown":
+            heads = [line.lstrip("#").strip() for line in cell.source.splitlines() if line.startswith("#")]
+            if heads:
+                return heads[-1]
+    return "the top"
+
+
+def where(nb: nbformat.NotebookNode, index: int) -> str:
+    """Cell ``index`` as a learner finds it in JupyterLab (which numbers no cells): its section and first line."""
+    first = next((line.strip() for line in nb.cells[index].source.splitlines() if line.strip()), "")
+    return f"in \u201c{heading(nb, index)}\u201d, the cell `{first[:50]}{'…' if len(first) > 50 else ''}`"
+
+
+def parameterized(nb: nbformat.NotebookNode, parameters: dict) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with ``parameters`` in a cell injected after its ``parameters`` cell, as papermill does."""
+    import copy
+
+    from papermill.parameterize import parameterize_notebook
+
+    nb = copy.deepcopy(nb)
+    nb.metadata.setdefault("papermill", {"parameters": {}, "default_parameters": {}, "environment_variables": {}})
+    for cell in nb.cells:                       # what papermill's load_notebook_node gives every cell
+        cell.metadata.setdefault("tags", [])
+        cell.metadata.setdefault("papermill", {})
+    return parameterize_notebook(nb, parameters)
 
 
 def strip(path: Path | str) -> bool:

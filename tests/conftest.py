@@ -5,27 +5,30 @@ import json
 import os
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from course_utils import paths
 from course_utils.course import execute
+from course_utils.workshop import unscored_checks
 
 SMOKE = {"SMOKE": True}
 CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its own, shorter timeout), far below CI's limit
 
 # Seconds each notebook's tests took with the smoke parameters on 2 CPU cores. `make test` runs the tests
 # on two workers (pytest-xdist); starting the longest first keeps both workers busy to the end.
-SMOKE_SECONDS = {"10": 191, "03": 165, "11": 80, "09": 127, "02": 119, "04": 108, "08": 92, "07": 90, "01": 71,
+SMOKE_SECONDS = {"10": 191, "03": 165, "11": 100, "09": 127, "02": 119, "04": 108, "08": 92, "07": 90, "01": 71,
                  "06": 60, "05": 54, "00": 29}
+OTHER_SECONDS = {"test_multinode": 40, "test_workshop": 35, "test_launch": 10}   # ssh launches, the nbgrader drill, the runner
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: notebook tests by their smoke duration, then the runner's launches, then the rest."""
+    """Longest first: notebook tests by their smoke duration, the grading drill, the runner's launches, the rest."""
     def expected_seconds(item: pytest.Item) -> float:
         name = item.path.stem
         if name.startswith("test_nb_"):
             return SMOKE_SECONDS.get(name[len("test_nb_"):][:2], 60)
-        return {"test_multinode": 40, "test_launch": 10}.get(name, 0)
+        return OTHER_SECONDS.get(name, 0)
 
     items.sort(key=expected_seconds, reverse=True)      # a stable sort: same-file tests keep their order
 
@@ -57,7 +60,6 @@ open({out!r}, "w").write(_json.dumps(_outcomes))
 def with_student_replay(notebook: Path, out: Path) -> Path:
     """A copy of ``notebook`` ending in a cell that replays each exercise with the student source (the
     nbgrader stub) followed by its check cell, in the kernel that has just run the whole notebook."""
-    import nbformat
 
     from course_utils.student import exercises, student_source
 
@@ -106,6 +108,8 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
         pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"
     assert metrics.exists(), f"{name} ran but recorded no figures to {metrics}"
+    unscored = unscored_checks(nbformat.read(str(outcome.output), as_version=4))
+    assert not unscored, f"{name}: nbgrader would not give these solved checks their point: {unscored}"
     replayed = json.loads(outcomes.read_text())
     assert replayed and set(replayed.values()) == {"ExerciseNotDone"}, (
         f"on the student edition every exercise's check must raise ExerciseNotDone; got {replayed}")
@@ -117,7 +121,6 @@ def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) ->
 
     Returns the number of exercises (solution blocks) and the error names the cells raised, in order.
     """
-    import nbformat
     from nbclient import NotebookClient
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
