@@ -53,6 +53,7 @@ def test_interrupt_kills_every_process_of_the_launch_and_a_hang_shows_each_ranks
     assert not processes_of(seen["run_dir"])
 
 
+@pytest.mark.extended      # `make test` runs two notebooks at a time, each launch on its own port, all the time
 def test_two_launches_in_parallel_succeed_with_their_own_ports(capsys):
     """Two launches at once (two notebooks, or two tests) get their own ports; a successful launch returns
     its log and records and prints the command and the outcome, not the library chatter. The second is a

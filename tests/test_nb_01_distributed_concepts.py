@@ -16,13 +16,8 @@ def test_notebook_runs_and_records_its_figures():
     assert [(r["node_rank"], r["local_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # the launcher's argument (launch.py) against its environment variable (LOCAL_RANK), both as the rank saw them
     assert all(r["argv"][0] == f"--local_rank={r['local_rank']}" for r in ranks)
-    # over ssh: pdsh started one rank on each loopback "host" (skipped, with its reason, where pdsh/sshd are missing)
-    if m["ssh_skipped"] is None:
-        assert [(r["rank"], r["node_rank"], r["ssh_host"]) for r in m["ssh_launch"]["ranks"]] == \
-            [(0, 0, "127.0.0.1"), (1, 1, "127.0.0.2")]
-        assert m["ssh_launch"]["all_reduce_after"] == [m["ssh_launch"]["all_reduce_sum"]] * 2 == [[12.0, 14.0]] * 2
-    else:
-        assert m["ssh_launch"] is None and "install" in m["ssh_skipped"]
+    # over ssh: the smoke run leaves the launch out (tests/test_multinode.py launches it, and checks the notebook's table)
+    assert m["ssh_launch"] is None and m["ssh_skipped"].startswith("the smoke run leaves this launch out")
     assert m["backends"]["gloo"] is True
     assert "ok" in m["reduce_scatter_support"] or "all_reduce + slice" in m["reduce_scatter_support"]
 

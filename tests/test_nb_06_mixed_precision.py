@@ -116,6 +116,7 @@ def test_notebook_runs_and_records_its_figures():
     assert m["nan_pitfall"] == {"float32": True, "bfloat16": True, "float16": False}
 
 
+@pytest.mark.extended      # every notebook's test already replays each exercise's check on the student source
 def test_every_check_fails_on_the_student_copy(tmp_path):
     exercises, errors = student_errors(NAME, tmp_path, {"STEPS": 12})     # fewer steps: only the cells' outcome counts
     assert exercises >= 2

@@ -51,8 +51,8 @@ def test_notebook_runs_and_records_its_figures():
     stacks = m["hang_stacks"]
     assert stacks["0"]["waiting in"] == "all_reduce" and "(log_metrics)" in stacks["0"]["script line"]
     assert stacks["1"]["waiting in"] == "barrier" and "(main)" in stacks["1"]["script line"]
-    reported = m["detail_mismatch_ops"]
-    assert reported and all({"0": "ALLREDUCE", "1": "BARRIER"}[r] == op for r, op in reported.items())
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL's launch runs in `make course` only; a check in the notebook asserts what it reports
+    assert "detail_mismatch_ops" not in m
 
 
 def test_gpt2_matmul_count_matches_the_layers():
