@@ -75,6 +75,18 @@ class StopAfterEpochs(TrainerCallback):
         return control
 
 
+class StopAfterSteps(TrainerCallback):
+    """End training after ``steps`` optimizer steps of a longer run (the schedule stays the whole run's)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.steps:
+            control.should_training_stop = True
+        return control
+
+
 def first(split, n: int | None):
     """The first ``n`` examples of a split (all of them when ``n`` is None)."""
     return split.select(range(min(n, len(split)))) if n else split
@@ -103,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--stop_after_epochs", type=int, default=None,
                         help="end training after this many of the --epochs (the schedule stays that of the whole run)")
+    parser.add_argument("--stop_after_steps", type=int, default=None,
+                        help="end training after this many optimizer steps (the schedule stays that of the whole run)")
+    parser.add_argument("--logging_steps", type=int, default=20, help="log the training loss every this many steps")
     parser.add_argument("--skip_bleu_before", action="store_true", help="do not score the untrained model")
     parser.add_argument("--batch_size", type=int, default=32, help="per device")
     parser.add_argument("--learning_rate", type=float, default=1e-3)
@@ -145,12 +160,13 @@ def main(argv=None) -> None:
         Seq2SeqTrainingArguments, output_dir=args.output_dir, deepspeed=args.deepspeed_config,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=eval_batch,
         num_train_epochs=args.epochs, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-        weight_decay=0.0, max_grad_norm=1.0, logging_steps=20, save_strategy="no", eval_strategy="no",
+        weight_decay=0.0, max_grad_norm=1.0, logging_steps=args.logging_steps, save_strategy="no", eval_strategy="no",
         predict_with_generate=True, generation_max_length=args.max_length, generation_num_beams=1, seed=0)
     trainer = Seq2SeqTrainer(model=model, args=targs, train_dataset=train_set, eval_dataset=eval_set,
                              data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
                              processing_class=tokenizer, compute_metrics=compute_metrics,
-                             callbacks=[StopAfterEpochs(args.stop_after_epochs)] if args.stop_after_epochs else None)
+                             callbacks=([StopAfterEpochs(args.stop_after_epochs)] if args.stop_after_epochs else [])
+                             + ([StopAfterSteps(args.stop_after_steps)] if args.stop_after_steps else []))
 
     result = trainer.train()
     record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])

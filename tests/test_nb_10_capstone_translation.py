@@ -20,7 +20,8 @@ def test_notebook_runs_and_records_its_figures():
     assert m["bleu_before"] < 5, "an untrained model cannot translate"
     assert m["bleu_after_zero2"] >= m["bleu_before"] + 5, f"training must raise BLEU clearly ({m})"
     # The ZeRO-3 run is the first epoch of the same training: the same losses at the same steps, up to rounding.
-    assert m["zero3_steps"] * m["epochs"] == m["steps"]
+    # the ZeRO-3 run stops after its first epoch (the smoke test: after zero3_stop_after_steps steps)
+    assert m["zero3_steps"] == (m["zero3_stop_after_steps"] or m["steps"] // m["epochs"])
     assert len(m["zero2_zero3_loss_steps"]) >= 3
     assert m["zero2_zero3_loss_gap"] < 1e-3, m["zero2_zero3_loss_gap"]
     # The hand-off generates with the ranks' settings on the ranks' examples: every translation equal, the same BLEU.
