@@ -121,6 +121,25 @@ def test_release_is_nbgraders_student_edition(build, tmp_path):
     assert (workshop.root() / "nbgrader_config.py").read_text().count("course_utils.workshop.GradeExecute") == 1
 
 
+def test_grading_drill_full_none_and_one(build, tmp_path):
+    """Three submissions of the drill, graded with the smoke parameters: all solved, none solved, one solved —
+    full marks, zero, and exactly that exercise's point in the gradebook; feedback for each."""
+    source = drill(tmp_path / "course")
+    released_path, = workshop.release(["99"], folder=source.parent)
+    course, released = read(source), read(released_path)
+    collected = tmp_path / "collected"
+    hand_in(collected, "all", DRILL, course)
+    hand_in(collected, "none", DRILL, released)
+    hand_in(collected, "one", DRILL, solved(course, released, {"double"}))
+    results = {r.participant: r for r in workshop.grade(collected, smoke=True, timeout=30)}
+    assert {p: (r.points, r.max_points) for p, r in results.items()} == {"all": (2, 2), "none": (0, 2), "one": (1, 2)}
+    assert {p: (row["99-double"], row["99-half"], row["points"]) for p, row in grades().items()} == {
+        "all": ("1", "1", "2"), "none": ("0", "0", "0"), "one": ("1", "0", "1")}
+    for participant in results:
+        assert (workshop.root() / "feedback" / participant / DRILL / f"{DRILL}.html").stat().st_size > 1000
+
+
+@pytest.mark.extended      # the three-submission drill above is the default run's round trip through nbgrader
 def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, tmp_path, capsys):
     """Six submissions of the drill, graded with the smoke parameters and 4 s per cell: all solved, none solved,
     one solved; one whose cell raises and whose kernel then dies; one with a cell that nbgrader interrupts at its
