@@ -92,6 +92,19 @@ def grades() -> dict[str, dict]:
         return {row["participant"]: row for row in csv.DictReader(f)}
 
 
+def three_drill_submissions(tmp_path: Path) -> tuple[Path, nbformat.NotebookNode, nbformat.NotebookNode]:
+    """The drill released, and handed in by "all" (solved), "none" (as released) and "one" (exercise "double"
+    solved): the collected folder, the course's notebook and the released one."""
+    source = drill(tmp_path / "course")
+    released_path, = workshop.release(["99"], folder=source.parent)
+    course, released = read(source), read(released_path)
+    collected = tmp_path / "collected"
+    hand_in(collected, "all", DRILL, course)
+    hand_in(collected, "none", DRILL, released)
+    hand_in(collected, "one", DRILL, solved(course, released, {"double"}))
+    return collected, course, released
+
+
 @pytest.fixture
 def build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A build folder of this test's own: its nbgrader course folder and gradebook start empty."""
@@ -124,13 +137,7 @@ def test_release_is_nbgraders_student_edition(build, tmp_path):
 def test_grading_drill_full_none_and_one(build, tmp_path):
     """Three submissions of the drill, graded with the smoke parameters: all solved, none solved, one solved —
     full marks, zero, and exactly that exercise's point in the gradebook; feedback for each."""
-    source = drill(tmp_path / "course")
-    released_path, = workshop.release(["99"], folder=source.parent)
-    course, released = read(source), read(released_path)
-    collected = tmp_path / "collected"
-    hand_in(collected, "all", DRILL, course)
-    hand_in(collected, "none", DRILL, released)
-    hand_in(collected, "one", DRILL, solved(course, released, {"double"}))
+    collected, course, released = three_drill_submissions(tmp_path)
     results = {r.participant: r for r in workshop.grade(collected, smoke=True, timeout=30)}
     assert {p: (r.points, r.max_points) for p, r in results.items()} == {"all": (2, 2), "none": (0, 2), "one": (1, 2)}
     assert {p: (row["99-double"], row["99-half"], row["points"]) for p, row in grades().items()} == {
@@ -145,13 +152,7 @@ def test_grading_drill_full_none_one_and_submissions_that_crash_or_hang(build, t
     one solved; one whose cell raises and whose kernel then dies; one with a cell that nbgrader interrupts at its
     timeout and a later one that ignores the interrupt; one of notebook 05 under another file name. Each is graded as far as it got
     and the others all are."""
-    source = drill(tmp_path / "course")
-    released_path, = workshop.release(["99"], folder=source.parent)
-    course, released = read(source), read(released_path)
-    collected = tmp_path / "collected"
-    hand_in(collected, "all", DRILL, course)
-    hand_in(collected, "none", DRILL, released)
-    hand_in(collected, "one", DRILL, solved(course, released, {"double"}))
+    collected, course, released = three_drill_submissions(tmp_path)
     hand_in(collected, "crash", DRILL, inserted(inserted(course, "## 2", 'raise RuntimeError("my mistake")'),
                                                 "### Exercise 2", "import os\nos._exit(1)"))
     hand_in(collected, "hang", DRILL, inserted(inserted(course, "## 2", "import time\ntime.sleep(120)"),
