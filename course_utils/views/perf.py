@@ -12,14 +12,9 @@ from typing import Any
 from .. import scripts
 from ..rank.record import read_as
 
-_script = None
-
-
 def script():
-    """``scripts/11_performance.py`` as a module: the records it declares."""
-    global _script
-    _script = _script or scripts.load("11_performance")
-    return _script
+    """``scripts/11_performance.py`` as a module: the records it declares (``scripts.load`` imports it once)."""
+    return scripts.load("11_performance")
 
 
 # ---------------------------------------------------------------- 1 · accumulation
