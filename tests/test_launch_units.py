@@ -237,7 +237,7 @@ def test_a_timeout_takes_the_stacks_before_the_kill_and_the_error_shows_them(tmp
     import time
 
     from course_utils.launch.failures import failure_message
-    from course_utils.launch.processes import main_thread_stack
+    from course_utils.launch.stacks import main_thread_stack
     from course_utils.launch.result import LaunchResult
     from course_utils.launch.runner import _supervise
     from course_utils.launch.streams import Streams

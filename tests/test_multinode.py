@@ -16,7 +16,7 @@ import pytest
 
 from conftest import processes_of
 from course_utils import hardware, launch
-from course_utils.launch import LaunchOptions, commands, environment, sshd
+from course_utils.launch import LaunchOptions, commands, environment, sshd, sshd_setup
 from course_utils.launch.processes import end_run_processes
 from course_utils.launch.streams import LearnerFilter, Streams
 from course_utils.rank.distributed import rank_identity
@@ -109,7 +109,7 @@ def test_sshd_files(tmp_path):
     keys = {"host": tmp_path / "host_ed25519_key", "user": tmp_path / "user_ed25519_key"}
     for kind, key in keys.items():
         key.with_suffix(".pub").write_text(f"ssh-ed25519 AAAA{kind} deepspeed-course {kind} key\n")
-    sshd._write_configs(tmp_path, HOSTS, 2222, "learner", keys)
+    sshd_setup.write_configs(tmp_path, HOSTS, 2222, "learner", keys)
     config = (tmp_path / "sshd_config").read_text().splitlines()
     for line in ("Port 2222", "ListenAddress 127.0.0.1", "ListenAddress 127.0.0.2", "UsePAM no", "StrictModes no",
                  f"PidFile {tmp_path / 'sshd.pid'}", f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}",
@@ -127,7 +127,7 @@ def test_folders_of_sshds_killed_outright_are_removed_later(tmp_path):
         folder.mkdir()
     (stale / "sshd.pid").write_text("999999999\n")
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    sshd._remove_stale(tmp_path)
+    sshd_setup.remove_stale(tmp_path)
     assert not stale.exists() and starting.exists(), "a folder whose sshd may still be starting stays"
 
 

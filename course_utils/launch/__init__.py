@@ -9,9 +9,12 @@ job each, so each can be read (and tested) on its own:
 - :mod:`.environment`: the ranks' environment;
 - :mod:`.streams`: the live ``[rank N]`` stream and the filter of what a learner sees;
 - :mod:`.processes`: process groups, the watchdog, /dev/shm buffers;
+- :mod:`.stacks`: the ranks' Python stacks, for a launch that hangs or fails;
 - :mod:`.failures`: which rank failed first, and the messages;
 - :mod:`.result`: :class:`LaunchResult` and the errors;
-- :mod:`.tool`: :func:`command`, one single-process tool.
+- :mod:`.tool`: :func:`command`, one single-process tool;
+- :mod:`.sshd`: loopback "hosts" served by an sshd of the course's own, for DeepSpeed's multi-node path;
+  :mod:`.sshd_setup`: its programs, keys and files.
 """
 from __future__ import annotations
 

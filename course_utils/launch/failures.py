@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 from .. import paths
-from .processes import main_thread_stack
 from .result import LaunchResult
+from .stacks import main_thread_stack
 
 TAIL_LINES = 25
 FAILURES_DIR = "failures"     # in the run folder, written by the rank hook (sitecustomize.py uses the same name)

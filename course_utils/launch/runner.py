@@ -19,9 +19,10 @@ from . import commands as cmds
 from .environment import rank_environment
 from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
 from .options import DEFAULT_TIMEOUT, LaunchOptions
-from .processes import (end_run_processes, kill_group, kill_ssh_launch, rank_stacks, release_build_locks,
-                        release_shm_buffers, signal_groups, start_launchers, start_watchdog)
+from .processes import (end_run_processes, kill_group, kill_ssh_launch, release_build_locks, release_shm_buffers,
+                        signal_groups, start_launchers, start_watchdog)
 from .result import LaunchError, LaunchResult
+from .stacks import rank_stacks
 from .streams import LearnerFilter, Streams
 
 from ..rank.record import read_records

@@ -35,16 +35,11 @@ import psutil
 from .. import paths
 from .commands import free_port
 from .processes import die_with_parent
+from .sshd_setup import find_tool, make_keys, remove_stale, write_configs
 
 # The programs, and the Debian/Ubuntu package that has each.
 TOOLS = {"pdsh": "pdsh", "ssh": "openssh-client", "ssh-keygen": "openssh-client", "sshd": "openssh-server"}
-SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")       # sshd's folder, often not on a user's PATH
 START_TIMEOUT = 15.0                                   # seconds for sshd to listen and ssh to get in
-
-
-def find_tool(name: str) -> str | None:
-    """The absolute path of ``name`` (on ``PATH``, or in an sbin folder), or None."""
-    return shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
 
 
 def loopback_addresses(count: int) -> tuple[str, ...]:
@@ -129,14 +124,14 @@ def start(hosts: int | Sequence[str] = 2, timeout: float = START_TIMEOUT) -> Loo
     if reason:
         raise RuntimeError(reason)
     addresses = _addresses(hosts)
-    _remove_stale(paths.build_dir() / "ssh")
-    keys = _keys(paths.build_dir() / "ssh" / "keys")
+    remove_stale(paths.build_dir() / "ssh")
+    keys = make_keys(paths.build_dir() / "ssh" / "keys")
     user = pwd.getpwuid(os.getuid()).pw_name
     for attempt in range(3):            # a port free on 127.0.0.1 may be taken on another address: try another
         port = free_port()
         folder = paths.build_dir() / "ssh" / f"sshd-{port}-{uuid.uuid4().hex[:6]}"
         folder.mkdir(parents=True)
-        _write_configs(folder, addresses, port, user, keys)
+        write_configs(folder, addresses, port, user, keys)
         try:
             cluster = _serve(folder, addresses, port, user, timeout)
         except _PortTaken:
@@ -162,82 +157,6 @@ def loopback_hosts(hosts: int | Sequence[str] = 2, timeout: float = START_TIMEOU
 
 class _PortTaken(Exception):
     pass
-
-
-def _remove_stale(root: Path, age: float = 60.0) -> None:
-    """Remove the folders of sshds that are gone without their ``stop()`` (their process was killed outright): older
-    than ``age`` seconds (a starting sshd may not have written its pid file yet) and no live sshd under their pid."""
-    for folder in root.glob("sshd-*"):
-        try:
-            if time.time() - folder.stat().st_mtime < age:
-                continue
-            sshd = psutil.Process(int((folder / "sshd.pid").read_text().split()[0]))
-            if sshd.name() == "sshd" and sshd.status() != psutil.STATUS_ZOMBIE:
-                continue
-        except (OSError, ValueError, IndexError, psutil.Error):
-            pass
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _keys(folder: Path) -> dict[str, Path]:
-    """The host key and the user key (ed25519, no passphrase), made once with ssh-keygen and kept in ``folder``."""
-    keys = {"host": folder / "host_ed25519_key", "user": folder / "user_ed25519_key"}
-    if all(k.exists() and k.with_suffix(".pub").exists() for k in keys.values()):
-        return keys
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    fresh = folder.parent / f".keys-{uuid.uuid4().hex[:6]}"
-    fresh.mkdir(mode=0o700)
-    for kind, key in keys.items():
-        subprocess.run([find_tool("ssh-keygen") or "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
-                        f"deepspeed-course {kind} key", "-f", str(fresh / key.name)], check=True,
-                       stdin=subprocess.DEVNULL, capture_output=True)
-    try:
-        fresh.rename(folder)                # whole, or not at all: a second process making keys at once keeps its own
-    except OSError:
-        shutil.rmtree(fresh, ignore_errors=True)
-        if not all(k.exists() for k in keys.values()):
-            raise
-    return keys
-
-
-def _write_configs(folder: Path, hosts: tuple[str, ...], port: int, user: str, keys: dict[str, Path]) -> None:
-    """sshd_config, authorized_keys, known_hosts and ssh_config for one sshd."""
-    listen = "".join(f"ListenAddress {h}\n" for h in hosts)
-    (folder / "sshd_config").write_text(
-        "# The course's own sshd (course_utils/launch/sshd.py): loopback addresses only, this user, key only.\n"
-        f"Port {port}\n{listen}"
-        f"HostKey {keys['host']}\n"
-        f"PidFile {folder / 'sshd.pid'}\n"
-        f"AuthorizedKeysFile {folder / 'authorized_keys'}\n"
-        f"AllowUsers {user}\n"
-        "PermitRootLogin prohibit-password\n"     # CI runs as root: key logins only
-        "PubkeyAuthentication yes\n"
-        "PasswordAuthentication no\n"
-        "ChallengeResponseAuthentication no\n"
-        "UsePAM no\n"                            # PAM needs root and a system service configuration
-        "StrictModes no\n"                       # the files live in the build folder, whatever its permissions
-        "PermitUserEnvironment no\n"
-        "X11Forwarding no\nAllowTcpForwarding no\nAllowAgentForwarding no\nPermitTTY no\n"
-        "PrintMotd no\nPrintLastLog no\nUseDNS no\n"
-        "LogLevel INFO\n")
-    public = keys["user"].with_suffix(".pub").read_text().strip()
-    # restrict: no pty or forwarding; from: loopback clients only
-    (folder / "authorized_keys").write_text(f'restrict,from="127.0.0.0/8" {public}\n')
-    host_public = " ".join(keys["host"].with_suffix(".pub").read_text().split()[:2])
-    (folder / "known_hosts").write_text(f"{','.join(f'[{h}]:{port}' for h in hosts)} {host_public}\n")
-    (folder / "ssh_config").write_text(
-        "# The course's loopback hosts (course_utils/launch/sshd.py); pdsh's ssh reads this file (-F).\n"
-        f"Host {' '.join(hosts)}\n"
-        f"  Port {port}\n"
-        f"  User {user}\n"
-        f"  IdentityFile {keys['user']}\n"
-        "  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {folder / 'known_hosts'}\n"
-        "  GlobalKnownHostsFile /dev/null\n"
-        "  StrictHostKeyChecking yes\n"
-        "  BatchMode yes\n"
-        "  ConnectTimeout 10\n"
-        "  LogLevel ERROR\n")
 
 
 def _serve(folder: Path, hosts: tuple[str, ...], port: int, user: str, timeout: float) -> LoopbackHosts:

@@ -99,11 +99,11 @@ def _register_stack_dump():
     """Let the runner ask this rank where it is: on SIGUSR1, Python's ``faulthandler`` writes every thread's
     stack to ``stacks/rank<N>-<pid>.txt`` in the run folder (no privileges needed, unlike attaching a debugger).
     The runner sends it when a launch times out, before it kills the ranks, so a hang names the line each rank
-    was waiting on (``launch.processes.rank_stacks``)."""
+    was waiting on (``launch.stacks.rank_stacks``)."""
     import faulthandler
     import signal
     try:
-        folder = os.path.join(os.environ["COURSE_RUN_DIR"], "stacks")      # launch.processes.STACKS_DIR
+        folder = os.path.join(os.environ["COURSE_RUN_DIR"], "stacks")      # launch.stacks.STACKS_DIR
         os.makedirs(folder, exist_ok=True)
         name = os.path.join(folder, f"rank{os.environ['RANK']}-{os.getpid()}.txt")
         stream = open(name + ".tmp", "w")

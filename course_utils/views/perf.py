@@ -187,7 +187,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 def where_waiting(stacks: dict[int, str]) -> dict[int, dict[str, str]]:
     """Per rank, from its faulthandler dump: the innermost frame (where it waits) and the innermost frame in a
     course script (the line of the training code that got it there)."""
-    from ..launch.processes import main_thread_stack
+    from ..launch.stacks import main_thread_stack
 
     out = {}
     for rank, text in sorted(stacks.items()):
