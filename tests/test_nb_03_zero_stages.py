@@ -65,7 +65,7 @@ def check_each_stage_sends_what_deepspeed_0_19_issues(m):
     comm = _comm(m)
     procs = hardware.detect().default_procs
     assert {(procs, "fp32", f"stage {s}") for s in range(4)} | {(procs, "bf16", f"stage {s}") for s in (0, 3)} <= set(comm)
-    assert (procs, "fp32", "stage 3, released after use") in comm
+    # (the run "released after use" is make course's only: the notebook checks there that it gathers at least twice)
     for (n, dtype, run), c in comm.items():
         elem = 4 if dtype == "fp32" else 2
         psi, owned, ops, stage = c["psi"], c["owned"], c["ops"], c["stage"]
