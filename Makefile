@@ -7,12 +7,13 @@ STAMP := $(VENV)/.course-setup
 KERNEL := deepspeed-course
 TEST_WORKERS ?= 2
 
-.PHONY: setup course test lab student release grade catchup bench clean help preflight
+.PHONY: setup course test test-gpu lab student release grade catchup bench clean help preflight
 
 help:
 	@echo "make preflight  before a workshop: will this machine run the course? (no set-up needed)"
 	@echo "make course   set up if needed, run every notebook, write build/report.md"
 	@echo "make test     set up if needed, run the unit tests and every notebook (smoke parameters)"
+	@echo "make test-gpu on a machine with an NVIDIA GPU: the GPU figures (CUDA memory, the fp16 engine, offload)"
 	@echo "make lab      JupyterLab on the course"
 	@echo "make student  student edition (solutions removed) in build/student/"
 	@echo "make release  [NB=\"00 05\"]  nbgrader's student assignments in build/nbgrader/release/ (one per notebook)"
@@ -43,6 +44,9 @@ course: setup
 
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1
+
+test-gpu: setup
+	$(PY) -m pytest -m gpu -p no:xdist
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.rank import comms
-from course_utils.rank.engine import accelerator_bytes, ds_config, forward_backward, release
+from course_utils.rank.engine import accelerator_bytes, ds_config, forward_backward, release, reset_accelerator_peak
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import count_parameters, tiny_gpt2
 from course_utils.rank.record import Record, record
@@ -114,6 +114,7 @@ def stepped_engine(config: dict):
     """The course GPT-2 under ``config`` after one full training step (so Adam's states exist): (engine, Ψ)."""
     model = tiny_gpt2("zero_lab")
     psi = count_parameters(model)                    # before stage 3 partitions the parameters
+    reset_accelerator_peak()                         # on a GPU: this engine's peak CUDA bytes
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     forward_backward(engine, 0)
     engine.step()

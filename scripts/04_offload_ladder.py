@@ -18,7 +18,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from course_utils.rank.engine import (LADDER, accelerator_bytes, ds_config, forward_backward, gathered_numel,
-                                      nvme_offload, release, training_dtype)
+                                      nvme_offload, release, reset_accelerator_peak, training_dtype)
 from course_utils.rank.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, tensor_inventory
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.record import Record, record
@@ -114,6 +114,7 @@ def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimi
         config["zero_force_ds_cpu_optimizer"] = False
     model = tiny_gpt2("zero_lab")
     reset_peak_rss()
+    reset_accelerator_peak()
     rss_start = current_rss_bytes()
     optimizer = client_optimizer(model.parameters()) if client_optimizer else None
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,

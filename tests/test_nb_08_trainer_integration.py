@@ -51,5 +51,5 @@ def test_notebook_runs_and_records_its_figures():
     assert z3["with HfDeepSpeedConfig"]["local_numel"] == 0
     assert z3["with HfDeepSpeedConfig"]["ds_numel"] == 64 * 32
     assert z3["with HfDeepSpeedConfig"]["partition_numel"] == 64 * 32 // procs
-    assert m["accelerate_world_size"] == procs
-    assert m["accelerate_losses"] == pytest.approx(m["losses_path"], rel=1e-5), "same script, same run, other launcher"
+    # accelerate launch runs in make course only, where the notebook checks its losses against the deepspeed launch
+    assert m["accelerate_world_size"] is None and m["accelerate_losses"] is None

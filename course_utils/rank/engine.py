@@ -83,6 +83,15 @@ def accelerator_bytes() -> dict[str, int]:
     return {"allocated": int(acc.memory_allocated()), "peak": int(acc.max_memory_allocated())}
 
 
+def reset_accelerator_peak() -> None:
+    """Start a new peak for :func:`accelerator_bytes` (each engine's own peak, not the process's); no-op on a CPU."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        acc.reset_peak_memory_stats()
+
+
 def release(engine) -> None:
     """Drop an engine and everything it holds before the next one is built in the same process."""
     import ctypes

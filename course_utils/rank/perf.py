@@ -49,9 +49,13 @@ class ActivationMemory:
     seconds: float             # wall time of the pass (under the tracker: slower than a real step)
 
 
-def _by_category(snapshot: dict) -> dict:
-    device = next(iter(snapshot.values()))
-    return {getattr(k, "value", k): int(v) for k, v in device.items()}
+def _by_category(snapshot: dict, device) -> dict:
+    """MemTracker's snapshot (device → category → bytes) for the model's ``device``: on a GPU its CUDA bytes,
+    not those of the few CPU tensors a pass may also create."""
+    import torch
+
+    found = {torch.device(d): v for d, v in snapshot.items()}.get(torch.device(device), {})
+    return {getattr(k, "value", k): int(v) for k, v in found.items()}
 
 
 def activation_memory(model, ids) -> ActivationMemory:
@@ -68,11 +72,11 @@ def activation_memory(model, ids) -> ActivationMemory:
         warnings.simplefilter("ignore")
         with tracker:
             loss = model(input_ids=ids, labels=ids).loss
-            after_forward = _by_category(tracker.get_tracker_snapshot("current"))
+            after_forward = _by_category(tracker.get_tracker_snapshot("current"), ids.device)
             loss.backward()
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
-    return ActivationMemory(after_forward, _by_category(tracker.get_tracker_snapshot("peak")), seconds)
+    return ActivationMemory(after_forward, _by_category(tracker.get_tracker_snapshot("peak"), ids.device), seconds)
 
 
 def timed_pass(model, ids, repeats: int = 3) -> float:

@@ -109,7 +109,7 @@ def breakdown_rows(records: list[dict]) -> list[dict[str, float]]:
 
 
 def step_breakdown(records: list[dict], skip: int = 1) -> dict[str, float]:
-    """Median ms per timer after ``skip`` warm-up steps."""
+    """Median ms per timer over the steps after the first ``skip`` (the warm-up, and the profiled step)."""
     rows = breakdown_rows(records)[skip:]
     return {k: statistics.median(r[k] for r in rows) for k in (*BREAKDOWN, "timers total", "clock")}
 

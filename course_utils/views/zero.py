@@ -64,7 +64,7 @@ def zero_memory_rows(records: list[dict]) -> list[dict]:
                      "buffers": m["buffers"], "measured_bytes": m["model_states"],
                      "formula_bytes": zero_formula(psi, stage, n, dtype)["total"],
                      "adjusted_bytes": expected["total"],
-                     "accelerator_bytes": r.accelerator["allocated"]})
+                     "accelerator_bytes": r.accelerator["allocated"], "accelerator_peak": r.accelerator["peak"]})
     for row in rows:
         row["vs_formula"] = row["measured_bytes"] / row["formula_bytes"] - 1
         row["vs_adjusted"] = row["measured_bytes"] / row["adjusted_bytes"] - 1
