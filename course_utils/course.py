@@ -4,8 +4,8 @@
 failing cell and the run goes on with the rest; the exit status is non-zero if any failed.
 
 Notebooks run two at a time (``--lanes``), each in its own kernel and its own ranks, except those whose
-metadata says ``"course": {"runs_alone": "<why>"}``: their figures include timings (all_reduce times,
-step times), which a neighbour would distort, so they run when nothing else does. The others start longest
+metadata says ``"course": {"runs_alone": "<why>"}``: their figures compare timings (step times, training
+times), which a neighbour would distort, so they run when nothing else does. The others start longest
 first, by the previous ``build/report.md``, so the two lanes end together. The report names the notebooks
 that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
 """

@@ -98,7 +98,7 @@ def test_course_runs_notebooks_side_by_side_except_those_that_must_run_alone():
             course.Outcome("t", True, 2, timed, started=7, ended=9)]
     assert [course.beside(o, runs) for o in runs] == [["b"], ["a"], []]
     timing = {nb.stem for nb in NOTEBOOKS if course.runs_alone(nb)}
-    assert {"01_distributed_concepts", "04_offload_and_infinity", "10_capstone_translation"} <= timing
+    assert {"04_offload_and_infinity", "10_capstone_translation"} <= timing
 
 
 def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
