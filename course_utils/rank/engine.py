@@ -73,22 +73,26 @@ def forward_backward(engine, step: int = 0) -> float:
     return float(loss.detach())
 
 
-def accelerator_bytes() -> dict[str, int]:
-    """Allocated / peak bytes on the accelerator (0 on a CPU-only machine)."""
+def _device_accelerator():
+    """DeepSpeed's accelerator, or None on a CPU-only machine (no device memory of its own to read)."""
     from deepspeed.accelerator import get_accelerator
 
     acc = get_accelerator()
-    if acc.device_name() == "cpu":
+    return None if acc.device_name() == "cpu" else acc
+
+
+def accelerator_bytes() -> dict[str, int]:
+    """Allocated / peak bytes on the accelerator (0 on a CPU-only machine)."""
+    acc = _device_accelerator()
+    if acc is None:
         return {"allocated": 0, "peak": 0}
     return {"allocated": int(acc.memory_allocated()), "peak": int(acc.max_memory_allocated())}
 
 
 def reset_accelerator_peak() -> None:
     """Start a new peak for :func:`accelerator_bytes` (each engine's own peak, not the process's); no-op on a CPU."""
-    from deepspeed.accelerator import get_accelerator
-
-    acc = get_accelerator()
-    if acc.device_name() != "cpu":
+    acc = _device_accelerator()
+    if acc is not None:
         acc.reset_peak_memory_stats()
 
 

@@ -108,9 +108,11 @@ def breakdown_rows(records: list[dict]) -> list[dict[str, float]]:
             for s in read_as(records, script().StepTime)]
 
 
-def step_breakdown(records: list[dict], skip: int = 1) -> dict[str, float]:
-    """Median ms per timer over the steps after the first ``skip`` (the warm-up, and the profiled step)."""
-    rows = breakdown_rows(records)[skip:]
+def step_breakdown(records: list[dict]) -> dict[str, float]:
+    """Median ms per timer over the steps after the profiled one (the steps before it warm up; it carries the
+    profiler's hooks)."""
+    profiled = read_as(records, script().FlopsProfile)[0].profile_step
+    rows = [r for r in breakdown_rows(records) if r["training step"] > profiled]
     return {k: statistics.median(r[k] for r in rows) for k in (*BREAKDOWN, "timers total", "clock")}
 
 
