@@ -62,27 +62,20 @@ def model_and_data(args):
     return tokenizer, tr.tiny_t5(tokenizer, seed=0), load_from_disk(str(Path(args.data) / "corpus"))
 
 
-class StopAfterEpochs(TrainerCallback):
-    """End training after ``epochs`` epochs of a longer run: the learning-rate schedule is the full run's,
-    so the steps taken are exactly the first steps of the full run."""
+class StopEarly(TrainerCallback):
+    """End training after ``epochs`` epochs or ``steps`` optimizer steps of a longer run (None: no limit): the
+    learning-rate schedule is the full run's, so the steps taken are exactly the first steps of the full run."""
 
-    def __init__(self, epochs: int):
-        self.epochs = epochs
+    def __init__(self, epochs: int | None = None, steps: int | None = None):
+        self.epochs, self.steps = epochs, steps
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        if state.epoch is not None and state.epoch >= self.epochs - 1e-9:
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.steps is not None and state.global_step >= self.steps:
             control.should_training_stop = True
         return control
 
-
-class StopAfterSteps(TrainerCallback):
-    """End training after ``steps`` optimizer steps of a longer run (the schedule stays the whole run's)."""
-
-    def __init__(self, steps: int):
-        self.steps = steps
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.steps:
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.epochs is not None and state.epoch is not None and state.epoch >= self.epochs - 1e-9:
             control.should_training_stop = True
         return control
 
@@ -165,8 +158,7 @@ def main(argv=None) -> None:
     trainer = Seq2SeqTrainer(model=model, args=targs, train_dataset=train_set, eval_dataset=eval_set,
                              data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
                              processing_class=tokenizer, compute_metrics=compute_metrics,
-                             callbacks=([StopAfterEpochs(args.stop_after_epochs)] if args.stop_after_epochs else [])
-                             + ([StopAfterSteps(args.stop_after_steps)] if args.stop_after_steps else []))
+                             callbacks=[StopEarly(args.stop_after_epochs or None, args.stop_after_steps or None)])
 
     result = trainer.train()
     record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])

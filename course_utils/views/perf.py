@@ -83,10 +83,10 @@ def gpt2_matmul_flops(n_layer: int, d: int, vocab: int, batch: int, seq: int) ->
     return tokens * (n_layer * (24 * d * d + 4 * seq * d) + 2 * d * vocab)
 
 
-def step_seconds(records: list[dict], skip: int = 1) -> float:
-    """Rank 0's median step time from the engine's timers (fwd + bwd + step), after ``skip`` warm-up steps."""
-    steps = read_as(records, script().StepTime)[skip:]
-    return statistics.median(sum(s.timers[k] for k in ("fwd", "bwd", "step")) for s in steps) / 1e3
+def step_seconds(records: list[dict]) -> float:
+    """Rank 0's median step time from the engine's timers (fwd + bwd + step), over the steps that
+    :func:`step_breakdown` takes (those after the profiled one)."""
+    return step_breakdown(records)["timers total"] / 1e3
 
 
 def mfu(fwd_flops: int, seconds: float, peak_flops_per_s: float, recompute: float = 0.0) -> dict[str, float]:
