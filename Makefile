@@ -7,7 +7,7 @@ STAMP := $(VENV)/.course-setup
 KERNEL := deepspeed-course
 TEST_WORKERS ?= 2
 
-.PHONY: setup course test test-gpu lab student release grade catchup bench clean help preflight
+.PHONY: setup ops course test test-gpu lab student release grade catchup bench clean help preflight instructors
 
 help:
 	@echo "make preflight  before a workshop: will this machine run the course? (no set-up needed)"
@@ -22,34 +22,42 @@ help:
 	@echo "make catchup NB=03 [UPTO=3] [COPY=<notebook>]  run a participant's copy (build/student/) down to a section,"
 	@echo "              their cells kept; then restore(\"03\") in their kernel brings the variables back"
 	@echo "make bench    runner overhead and launch-time benchmarks"
+	@echo "make instructors  copy the last full make course's timing table (build/instructors-timing.md) into INSTRUCTORS.md"
 
 setup: $(STAMP)
 
 preflight:
 	@$(PYTHON) -m course_utils.preflight
 
+# Each step prints one line (n of N, about how long) and its time; its output goes to build/setup.log.
+STEP = $(PY) -m course_utils.progress step
+
 $(STAMP): requirements.txt pyproject.toml course_utils/ops.py .ci/install-libaio .ci/install-multinode
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "DeepSpeed course (.venv)" >/dev/null
-	bash .ci/install-libaio
-	bash .ci/install-multinode
-	$(PY) -m course_utils.ops --build
+	@$(STEP) packages -- sh -c '$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -r requirements.txt \
+	  && $(PY) -m pip install -q --no-deps -e .'
+	@$(STEP) kernel -- $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "DeepSpeed course (.venv)"
+	@$(STEP) libaio -- bash .ci/install-libaio
+	@$(STEP) multinode -- bash .ci/install-multinode
+	@$(STEP) ops --show -- $(PY) -m course_utils.ops --build --first
 	@touch $(STAMP)
+
+# Every DeepSpeed op the course uses (set-up builds only the first notebooks'; `make course` and `make lab` build
+# the rest in the background, and a launch waits for an op it loads).
+ops: setup
+	@$(PY) -m course_utils.ops --build
 
 course: setup
 	$(PY) -m course_utils.course run
 
-test: setup
+test: ops
 	$(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1
 
-test-gpu: setup
+test-gpu: ops
 	$(PY) -m pytest -m gpu -p no:xdist
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(PY) -m course_utils.ops --background $(VENV)/bin/jupyter lab notebooks/ --KernelManager.transport_encryption=auto
 
 student: setup
 	$(PY) -m course_utils.student
@@ -57,15 +65,18 @@ student: setup
 release: setup
 	$(PY) -m course_utils.workshop release $(if $(NB),--only $(NB))
 
-grade: setup
+grade: ops
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder>/<participant>/<notebook>/<notebook>.ipynb [SMOKE=1]"; exit 2; }
 	$(PY) -m course_utils.workshop grade "$(SUBMISSIONS)" $(if $(filter 1,$(SMOKE)),--smoke) $(if $(CELL_TIMEOUT),--timeout $(CELL_TIMEOUT))
 
-catchup: setup
+catchup: ops
 	@test -n "$(NB)" || { echo "usage: make catchup NB=03 [UPTO=3] [COPY=<your notebook>]"; exit 2; }
 	$(PY) -m course_utils.catchup $(NB) $(if $(UPTO),--upto "$(UPTO)") $(if $(COPY),--copy "$(COPY)")
 
-bench: setup
+instructors: setup
+	$(PY) -m course_utils.instructors
+
+bench: ops
 	$(PY) bench/bench_launch.py $(BENCH_ARGS)
 
 clean:

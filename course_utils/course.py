@@ -20,12 +20,15 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Container
+from typing import Callable, Container
 
 from . import paths
 from .nbtools import select
 
 CELL_TIMEOUT = 1800   # seconds one cell may run; every launch inside has its own, shorter timeout
+# The kernel's connection encrypted with CurveZMQ keys the kernel manager provisions (the course kernelspec declares
+# "supported_encryption": ["curve"]); unencrypted, every kernel warns "Kernel is running over TCP without encryption".
+KERNEL_CONFIG = {"KernelManager": {"transport_encryption": "auto"}}
 
 
 @dataclass
@@ -45,6 +48,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     """Run one notebook with papermill (in its folder, or ``cwd``, with the course kernel)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
+    from traitlets.config import Config
 
     output.parent.mkdir(parents=True, exist_ok=True)
     metrics_file = paths.metrics_dir() / f"{notebook.stem}.json"
@@ -54,7 +58,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     try:
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {},
                                    cwd=str(cwd or notebook.parent), execution_timeout=cell_timeout,
-                                   progress_bar=False, log_output=False)
+                                   progress_bar=False, log_output=False, config=Config(KERNEL_CONFIG))
     except PapermillExecutionError as e:
         error = f"cell {e.exec_count}: {e.ename}: {e.evalue}".strip()
     except Exception as e:  # a dead kernel, a timeout: reported, and the course goes on
@@ -141,35 +145,75 @@ def _run_one(notebook: Path, smoke: bool) -> Outcome:
     return o
 
 
+def next_notebook(queue: list[Path], running: list[Path], alone: Container[Path], lanes: int,
+                  blocked: Callable[[Path], list]) -> Path | None:
+    """The first notebook of ``queue`` that may start now: a lane is free (:func:`may_start`) and no op it loads is
+    still building (``blocked(notebook)`` is empty); None when none may."""
+    return next((nb for nb in queue if may_start(nb, running, alone, lanes) and not blocked(nb)), None)
+
+
 def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) -> int:
+    from . import opbuild, ops, progress
+
     build = paths.build_dir()
     chosen = select(selected)
     alone = {nb: why for nb in chosen if lanes > 1 and (why := runs_alone(nb))}   # notebook → why it runs alone
-    queue = lane_order(chosen, alone, previous_seconds(build / "report.md"))
+    earlier = previous_seconds(build / "report.md")
+    queue = lane_order(chosen, alone, earlier)
+    estimate = earlier or progress.shipped_seconds()     # a first run: INSTRUCTORS.md's measured times
     outcomes: list[Outcome] = []
-    with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
-        running: dict = {}
-        while queue or running:
-            while queue and may_start(queue[0], list(running.values()), alone, lanes):
-                nb = queue.pop(0)
-                print(f"▶ {nb.stem} ...{' (alone: ' + alone[nb] + ')' if nb in alone else ''}", flush=True)
-                running[pool.submit(_run_one, nb, smoke)] = nb
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                nb = running.pop(future)
-                try:
-                    o = future.result()
-                except Exception as e:     # the worker process itself died: reported, and the course goes on
-                    o = Outcome(nb.stem, False, 0.0, build / "executed" / nb.name, f"{type(e).__name__}: {e}")
-                print(f"  {o.name}: {'ok' if o.ok else 'FAILED ' + o.error.splitlines()[0][:200]} in {o.seconds:.0f} s",
-                      flush=True)
-                outcomes.append(o)
+    bar = progress.CourseBar(len(chosen))
+    builder, state, told = opbuild.start(), opbuild.read_state(), set()
+
+    def blocked(nb: Path) -> list:     # a notebook that runs alone compares timings: no compile beside it either
+        loads = ops.ALL_OPS if nb in alone else ops.for_script(nb.stem, ops.ALL_OPS)
+        return opbuild.pending([op.name for op in loads], state)
+
+    def left(running: dict) -> float:
+        now = time.monotonic()
+        return progress.left_seconds([nb.stem for nb in queue], {nb.stem: now - t for nb, t in running.values()},
+                                     estimate, {nb.stem for nb in alone}, lanes)
+    try:
+        with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
+            running: dict = {}      # future → (notebook, when it started)
+            while queue or running:
+                now_state = opbuild.read_state()
+                for line in opbuild.news(state, now_state):
+                    progress.say(line)
+                state = now_state
+                while (nb := next_notebook(queue, [n for n, _ in running.values()], alone, lanes, blocked)) is not None:
+                    queue.remove(nb)
+                    progress.say(f"▶ notebook {len(chosen) - len(queue)} of {len(chosen)}: {nb.stem} (about "
+                                 f"{progress.minutes(estimate.get(nb.stem, 60))})"
+                                 + (f" — alone: {alone[nb]}" if nb in alone else ""))
+                    running[pool.submit(_run_one, nb, smoke)] = (nb, time.monotonic())
+                if queue and queue[0] not in told and len(running) < lanes and (waits := blocked(queue[0])):
+                    told.add(queue[0])
+                    progress.say(opbuild.waiting_line(queue[0].stem, waits))
+                bar.tick(left(running))
+                if not running:
+                    time.sleep(1)
+                    continue
+                done, _ = wait(running, timeout=2, return_when=FIRST_COMPLETED)
+                for future in done:
+                    nb, _ = running.pop(future)
+                    try:
+                        o = future.result()
+                    except Exception as e:     # the worker process itself died: reported, and the course goes on
+                        o = Outcome(nb.stem, False, 0.0, build / "executed" / nb.name, f"{type(e).__name__}: {e}")
+                    outcomes.append(o)
+                    status = "ok" if o.ok else "FAILED " + o.error.splitlines()[0][:200]
+                    bar.done(len(outcomes), f"  {o.name}: {status} in {o.seconds:.0f} s", left(running))
+    finally:
+        bar.close()
+        if opbuild.stop(builder):
+            progress.say("The background op build stopped before it finished; the next `make course` goes on with it.")
     outcomes.sort(key=lambda o: o.name)
     (build / "report.md").write_text(report(outcomes, smoke))
-    if not selected and not smoke and all(o.ok for o in outcomes):     # a full run: INSTRUCTORS.md's timings follow it
+    if not selected and not smoke and all(o.ok for o in outcomes):     # a full run: the guide's timings, under build/
         from . import instructors
-        if instructors.update(build / "report.md"):
-            print("INSTRUCTORS.md: timing table rewritten from this run")
+        if instructors.write_table(build / "report.md"):
+            print("INSTRUCTORS.md's timing table differs from this run: `make instructors` copies this run's into it")
     print(f"Report: {paths.relative(build / 'report.md')}; executed notebooks in {paths.relative(build / 'executed')}/, "
           f"HTML in {paths.relative(build / 'html')}/")
     return 0 if all(o.ok for o in outcomes) else 1

@@ -1,9 +1,9 @@
-"""INSTRUCTORS.md's timing table, generated from the report of the last full ``make course`` run.
+"""INSTRUCTORS.md's timing table, generated from the report of a full ``make course`` run.
 
-``make course`` writes ``build/report.md`` (each notebook's wall time on this machine) and then rewrites the
-table between the two markers of INSTRUCTORS.md from it, so the table cannot drift from what was measured.
-``python -m course_utils.instructors`` does the same from an existing report; ``--check`` only says whether
-the table matches it.
+``make course`` writes ``build/report.md`` (each notebook's wall time on this machine) and the table made from
+it to ``build/instructors-timing.md``; it never edits a tracked file, so a learner's checkout stays clean.
+``make instructors`` (``python -m course_utils.instructors``) copies that run's table between the two markers of
+INSTRUCTORS.md, so the committed table is always one a run measured; ``--check`` only says whether it matches.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import nbformat
 from . import paths
 
 GUIDE = paths.ROOT / "INSTRUCTORS.md"
-BEGIN = "<!-- timing table: written by `make course` from build/report.md; do not edit by hand -->"
+BEGIN = "<!-- timing table: written by `make instructors` from build/report.md; do not edit by hand -->"
 END = "<!-- end of timing table -->"
 READING_MINUTES = 15           # planning figure: reading the sections and discussing them, per notebook
 MINUTES_PER_EXERCISE = 10      # planning figure: a participant's time for one exercise, launches included
@@ -77,6 +77,16 @@ def with_table(guide: str, table: str) -> str:
     head, rest = guide.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+TABLE = "instructors-timing.md"     # under build/: the table of the last full run
+
+
+def write_table(report: Path, guide: Path = GUIDE) -> bool:
+    """Write the run's table to ``build/instructors-timing.md``; True when it differs from the guide's."""
+    table = timing_table(report.read_text())
+    (report.parent / TABLE).write_text(table + "\n")
+    return with_table(guide.read_text(), table) != guide.read_text()
 
 
 def update(report: Path | None = None, guide: Path = GUIDE) -> bool:

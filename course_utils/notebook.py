@@ -30,15 +30,31 @@ class Notebook:
         data = json.loads(path.read_text()) if path.exists() else {}
         data.update(plain(figures))
         path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        shown = ", ".join(f"{k}={json.dumps(plain(v))[:60]}" for k, v in figures.items())
-        print(f"recorded → {paths.relative(path)}: {shown}")
+        print(f"({len(figures)} figure{'s' * (len(figures) != 1)} recorded to {paths.relative(path)})")
 
     def metrics(self) -> dict:
         return json.loads(self.metrics_path.read_text()) if self.metrics_path.exists() else {}
 
 
+def quiet_progress_bars() -> None:
+    """Library progress bars off in this kernel (and so in the ranks it launches), by each library's own switch;
+    also in a library already imported, which read its switch at import."""
+    import os
+    import sys
+
+    from .launch.environment import QUIET_ENV
+
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
 def start(name: str, fresh: bool = True) -> Notebook:
     """Begin notebook ``name``: print what this machine will run and (by default) clear its old figures."""
+    quiet_progress_bars()
     nb = Notebook(name)
     if fresh and nb.metrics_path.exists():
         nb.metrics_path.unlink()

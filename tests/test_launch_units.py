@@ -106,9 +106,17 @@ HIDDEN = [
     "[rank 1] /x/.venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: "
     "`torch.distributed.reduce_op` is deprecated, please use `torch.distributed.ReduceOp` instead",
     "[rank 0] `loss_type=None` was set in the config but it is unrecognized. Using the default loss: `ForCausalLMLoss`.",
+    "[rank 0] [2025-01-02 10:11:12,345] [WARNING] [lr_schedules.py:759:get_lr] Attempting to get learning rate from "
+    "scheduler before it has started",
+    "[rank 1] [2025-01-02 10:11:12,345] [WARNING] [engine.py:2304:_configure_zero_optimizer] **** You are using ZeRO "
+    "with an untested optimizer, proceed with caution *****",
+    "[rank 0] /x/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:661: UserWarning: 'pin_memory' "
+    "argument is set as true but no accelerator is found, then device pinned memory won't be used.",
+    "[rank 1] Map: 100%|██████████| 1000/1000 [00:00<00:00, 12345.67 examples/s]",
 ]
 SHOWN = [
     "[rank 0] step 3 loss 2.4512",
+    "[rank 0] accuracy 100%|tokens| 5/5 would not be a bar without its time bracket",
     "[rank 0] Traceback (most recent call last):",
     '[rank 0]   File "/x/scripts/02_first_loop.py", line 12, in <module>',
     "[rank 1] ValueError: deliberate failure on rank 1",

@@ -13,6 +13,10 @@ from typing import Any, Mapping
 from .. import hardware, paths
 
 RANK_HOOK = Path(__file__).resolve().parent.parent / "rank_hook"   # holds the ranks' sitecustomize.py
+# Progress bars teach nothing in a notebook cell and bury what does (datasets' "Map", transformers' "Loading
+# weights" and "Writing model shards", zero_to_fp32's "Loading checkpoint shards"): off at their cause, in the
+# kernel (``course_utils.start``) and in every rank. Each variable is the library's own switch.
+QUIET_ENV = {"HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 
 
 def rank_environment(run_dir: Path, world_size: int, extra: Mapping[str, Any] | None = None) -> dict[str, str]:
@@ -22,6 +26,8 @@ def rank_environment(run_dir: Path, world_size: int, extra: Mapping[str, Any] | 
         env.pop(name, None)                        # (ranks started over ssh get theirs from sshd)
     env["PYTHONUNBUFFERED"] = "1"                  # rank output reaches the log as it is printed
     env["COURSE_RUN_DIR"] = str(run_dir)
+    for name, value in QUIET_ENV.items():
+        env.setdefault(name, value)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RANK_HOOK), str(paths.ROOT), env.get("PYTHONPATH")) if p)
     if not hardware.detect().is_gpu:     # share the cores instead of every rank spinning on all of them
         env.setdefault("DS_ACCELERATOR", "cpu")

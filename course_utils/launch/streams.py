@@ -33,6 +33,17 @@ CHATTER: list[re.Pattern[str]] = [
     # transformers' notice that the model config has loss_type=None and the default loss is used:
     # printed by every rank of every Trainer launch; the default loss is what the course wants.
     re.compile(r"`loss_type=None` was set in the config but it is unrecognized\."),
+    # DeepSpeed's warm-up schedulers warn when the engine reads the learning rate before the first step
+    # (every engine does, to log it): once per launch and rank, about nothing the learner did.
+    re.compile(r"Attempting to get learning rate from scheduler before it has started"),
+    # DeepSpeed's warning for a ZeRO run with an optimizer it has not tested (a torch or HF optimizer the
+    # course chose on purpose, which notebook 07 compares with DeepSpeed's own).
+    re.compile(r"You are using ZeRO with an untested optimizer, proceed with caution"),
+    # torch's DataLoader: pin_memory=True (the HF Trainer's default) on a machine without an accelerator.
+    # On a CPU there is no device to pin for; on a GPU the warning does not appear. The source line goes too.
+    re.compile(r"UserWarning: 'pin_memory' argument is set as true but no accelerator is found"),
+    # A tqdm progress bar ("Map: 100%|██████| 1000/1000 [00:00<00:00, ...]") from a library in a rank.
+    re.compile(r"\d+%\|[^|]*\|\s*\d+/\d+ \["),
 ]
 # pdsh's line when the command it ran on a host over ssh failed (that node's launcher ended with an error).
 PDSH_NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code (\d+)$")
