@@ -175,6 +175,28 @@ def test_failure_without_records_falls_back_to_the_logs(tmp_path):
     assert message.startswith("Launch failed (exit code 3) without a Python traceback")
 
 
+KILLED = ("[launcher] [2026-11-25 09:02:52,648] [ERROR] [launch.py:259:sigkill_handler] ['/x/python', '-u', "
+          "'scripts/05_out_of_memory.py', '--local_rank=1', '--cgroup_procs', '/x'] exits with return code = {code}")
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_its_likely_cause(tmp_path):
+    result = fabricated_result(tmp_path)
+    result.log += "\n" + KILLED.format(code=-9)
+    message = failures.failure_message(result, timed_out=False, timeout=60)
+    assert message.startswith("Rank 1 was killed by SIGKILL (exit status -9)") and "out-of-memory killer" in message
+    assert failures.killed_rank(KILLED.format(code=1)) is None          # an exception's exit status is not a signal
+    assert failures.killed_rank("[launcher 127.0.0.2] " + KILLED.format(code=-6).partition("] ")[2])[1:] == (6, "127.0.0.2")
+
+
+def test_a_peer_that_only_lost_its_connection_is_not_blamed(tmp_path):
+    """The launcher may log the peer's exit first; the rank that left neither a record nor a finish mark vanished."""
+    (tmp_path / "failures").mkdir()
+    (tmp_path / "failures" / "rank0.json").write_text(json.dumps(
+        {"rank": "0", "time": 1.0, "error": "RuntimeError", "traceback": "RuntimeError: Connection closed by peer [x]"}))
+    message = failures.failure_message(fabricated_result(tmp_path), timed_out=False, timeout=60)
+    assert message.startswith("Rank 1 ended without a Python traceback") and "Rank 0 only lost its connection" in message
+
+
 def test_timeout_message_shows_every_rank(tmp_path):
     message = failures.failure_message(fabricated_result(tmp_path, 124), timed_out=True, timeout=12)
     assert message.startswith("Launch timed out after 12 s")

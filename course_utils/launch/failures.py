@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from .. import paths
+from ..rank.scaffolding import FINISHED_DIR
 from .result import LaunchResult
 from .stacks import main_thread_stack
 
@@ -39,6 +40,45 @@ def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None,
         if "Traceback (most recent call last)" in text:
             return rank, text[text.index("Traceback (most recent call last)"):]
     return None, ""
+
+
+# DeepSpeed's local launcher (deepspeed/launcher/launch.py, sigkill_handler) logs the first rank it finds ended
+# with a non-zero status: "[... '--local_rank=1', ...] exits with return code = -9". Negative: killed by a signal.
+_EXITED = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+SIGNAL_CAUSES = {
+    9: ("SIGKILL", "with no traceback this is most often the kernel's out-of-memory killer: the machine, container or "
+        "cgroup ran out of memory (`dmesg | grep -i oom`, or the container's memory events, say which). What to change: "
+        "less memory per rank — a smaller micro-batch with gradient accumulation, a higher ZeRO stage, offload, fewer "
+        "ranks on this machine (notebook 05's OOM ladder)"),
+    6: ("SIGABRT", "native code aborted (a C++ exception or assertion in torch, gloo/NCCL or a compiled op); the "
+        "lines just above it in the rank's log usually say which"),
+    11: ("SIGSEGV", "a crash in native code (a compiled op built for another version, or a bug in an extension)"),
+    7: ("SIGBUS", "often /dev/shm full: DeepSpeed's CPU all-reduce and the DataLoader's workers keep buffers there"),
+}
+
+
+def killed_rank(log: str) -> tuple[int, int, str] | None:
+    """(local rank, signal number, node) of a rank the launcher saw killed by a signal, or None. ``node`` is ""
+    for a single-machine launch, else the host whose launcher saw it."""
+    for line in log.splitlines():
+        m = _EXITED.search(line)
+        if m and int(m[2]) < 0:
+            source = line.partition("] ")[0].lstrip("[")
+            return int(m[1]), -int(m[2]), source.removeprefix("launcher").strip()
+    return None
+
+
+def killed_message(rank: int, signum: int, node: str = "") -> str:
+    """Why a rank ended by signal ``signum`` without a traceback, and what to change."""
+    name, cause = SIGNAL_CAUSES.get(signum, (f"signal {signum}", "something outside Python ended it"))
+    who = f"Local rank {rank} on {node}" if node else f"Rank {rank}"
+    return (f"{who} was killed by {name} (exit status -{signum}) and left no Python traceback: {cause}. "
+            "Peers that fail afterwards with connection errors only lost it.")
+
+
+def _ranks_with(run_dir: Path, folder: str) -> set[int]:
+    """The ranks that left a file ``rank<N>...`` in ``run_dir/folder`` (failure records, finished marks)."""
+    return {int(m[1]) for p in (run_dir / folder).glob("rank*") if (m := re.match(r"rank(\d+)", p.name))}
 
 
 def hidden_note(hidden: int, run_dir: Path) -> str:
@@ -102,10 +142,22 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
         return (f"{ended} and every process of it was killed. A rank stuck "
                 f"in a collective (all_reduce, barrier, ...) that another rank never reached looks like "
                 f"this; so does a run that needs a longer {knob}=.\n{tails}\n{where}")
+    killed = killed_rank(result.log)
+    if killed:
+        rank, signum, node = killed
+        lines = "" if node else f"--- rank {rank} (last lines) ---\n{tail(result.rank_logs.get(rank, ''), 8)}\n"
+        return f"{killed_message(rank, signum, node)}\n{lines}{where}"
     rank, trace = first_failure(result.run_dir, result.rank_logs)
     if rank is None:
         return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
                 f"with an error status or was killed); the end of the log:\n{tail(result.log)}\n{where}")
+    lost = re.search(r"Connection (closed|reset) by peer", trace)
+    vanished = sorted(set(range(result.world_size)) - _ranks_with(result.run_dir, FAILURES_DIR)
+                      - _ranks_with(result.run_dir, FINISHED_DIR)) if lost else []
+    if vanished:      # the launcher logged the peer's status first: the rank that vanished left no record at all
+        which = f"Rank {vanished[0]}" if len(vanished) == 1 else f"One of ranks {', '.join(map(str, vanished))}"
+        return (f"{which} ended without a Python traceback (killed by a signal; "
+                f"{SIGNAL_CAUSES[9][1]}). Rank {rank} only lost its connection to it:\n{tail(trace, 4)}\n{where}")
     advice = diagnosis(trace)
     return (f"Rank {rank} failed (launch exit code {result.returncode}):\n{tail(trace)}\n"
             + (f"{advice}\n" if advice else "") + where)

@@ -1,0 +1,68 @@
+"""A memory limit for one rank, from the kernel's own memory cgroup, so that the out-of-memory killer ends it for real.
+
+``with memory_cap(300) as procs:`` makes a memory cgroup of its own (cgroup v2's ``memory.max`` or v1's
+``memory.limit_in_bytes``) and yields its ``cgroup.procs`` file; a rank that writes its pid there lives under the
+limit, and when it allocates past it the kernel kills it with SIGKILL, exactly as on a machine out of memory.
+On leaving, the cgroup is removed (once its processes are gone). It needs root and a writable cgroup file system;
+elsewhere :class:`MemoryCapUnavailable` says so.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_count = itertools.count()
+
+
+class MemoryCapUnavailable(RuntimeError):
+    """This machine gives the course no memory cgroup of its own (not root, or a read-only cgroup file system)."""
+
+
+def _layout() -> tuple[Path, str]:
+    """The folder new memory cgroups go in and the name of their limit file."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():          # cgroup v2: one tree
+        if "memory" not in (CGROUP_ROOT / "cgroup.controllers").read_text().split():
+            raise MemoryCapUnavailable("the cgroup v2 tree has no memory controller")
+        return CGROUP_ROOT, "memory.max"
+    if (CGROUP_ROOT / "memory").is_dir():                       # cgroup v1: a tree per controller
+        return CGROUP_ROOT / "memory", "memory.limit_in_bytes"
+    raise MemoryCapUnavailable(f"no cgroup file system at {CGROUP_ROOT}")
+
+
+@contextmanager
+def memory_cap(megabytes: int, wait: float = 10.0) -> Iterator[Path]:
+    """A fresh memory cgroup limited to ``megabytes``; yields its ``cgroup.procs`` file. Removed on exit."""
+    parent, limit_file = _layout()
+    group = parent / f"deepspeed-course-{os.getpid()}-{next(_count)}"
+    try:
+        group.mkdir()
+        (group / limit_file).write_text(str(megabytes * 2**20))
+        if (group / "memory.swap.max").exists():
+            (group / "memory.swap.max").write_text("0")       # no swap to hide in: the limit is the limit
+    except OSError as e:
+        if group.exists():
+            group.rmdir()
+        raise MemoryCapUnavailable(f"cannot make a memory cgroup under {parent} ({e.strerror}): this needs root "
+                                   "and a writable cgroup file system (a container may not give one)") from None
+    try:
+        yield group / "cgroup.procs"
+    finally:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                group.rmdir()                  # only succeeds once no process is left in it
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    for pid in (group / "cgroup.procs").read_text().split():
+                        try:
+                            os.kill(int(pid), 9)
+                        except ProcessLookupError:
+                            pass
+                    deadline = time.monotonic() + wait
+                time.sleep(0.05)
