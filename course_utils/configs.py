@@ -1,20 +1,23 @@
-"""Load and check DeepSpeed configs before any rank starts.
+"""Load and check DeepSpeed configs before any rank starts (the runner's pre-check).
 
-DeepSpeed reports many config mistakes late (after the ranks have started), cryptically, or not
-at all: a misspelt top-level key is silently ignored, an option the chosen ZeRO stage does not use
-does nothing. :func:`validate` runs DeepSpeed's own config classes with the launch's world size and
-adds the checks DeepSpeed leaves out, raising :class:`ConfigError` that names the key and the fix.
+DeepSpeed reports many config mistakes late (after the ranks have started), one at a time, or not at all: a
+misspelt top-level key is silently ignored, an option the chosen ZeRO stage does not use does nothing.
+:func:`validate` reads the config with DeepSpeed's own config classes and the launch's world size
+(:mod:`course_utils.config_doctor`) and adds the checks DeepSpeed leaves out. Everything that would stop
+DeepSpeed, or that DeepSpeed would take for something else (a likely typo), comes back together in one
+:class:`ConfigError` naming each key and the fix; what DeepSpeed would merely ignore (a top-level key like no
+DeepSpeed option, an option the ZeRO stage does not read) is a one-line warning, and the launch goes on.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import difflib
 import json
-import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from . import config_doctor as doctor
 from .paths import CONFIGS
 
 # ZeRO options that only stage 3 reads; with a lower stage they do nothing.
@@ -27,7 +30,7 @@ _STAGE3_ONLY = {"offload_param", "sub_group_size", "zero_hpz_partition_size", "z
 # ZeRO options that need a ZeRO optimizer (stage >= 1).
 _ZERO_ONLY = {"offload_optimizer", "overlap_comm", "contiguous_gradients", "reduce_scatter",
               "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size"}
-_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_BATCH_KEYS = doctor.BATCH_KEYS
 
 
 class ConfigError(ValueError):
@@ -45,16 +48,30 @@ def load(config: dict | str | Path) -> tuple[dict, str]:
         available = ", ".join(sorted(p.name for p in CONFIGS.glob("*.json")))
         raise ConfigError(f"Config file {config} does not exist. Configs shipped with the course: {available}")
     text = path.read_text()
+    twice: list[str] = []
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=lambda pairs: _no_duplicates(pairs, twice))
     except json.JSONDecodeError as e:
         line = text.splitlines()[e.lineno - 1] if e.lineno <= len(text.splitlines()) else ""
         raise ConfigError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}:\n"
                           f"    {line}\n    {' ' * (e.colno - 1)}^\n"
                           f"(JSON allows no trailing commas, comments or single quotes.)") from None
+    if twice:
+        keys = list(dict.fromkeys(twice))
+        raise ConfigError(f"{path}: {', '.join(map(repr, keys))} {'appears' if len(keys) == 1 else 'appear'} twice "
+                          f"in the same {{...}}. DeepSpeed refuses a config file with a repeated key (json would silently keep "
+                          f"the last one); keep one of them.")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object {{...}}, not {type(data).__name__}.")
     return data, str(path)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]], twice: list[str]) -> dict:
+    """An object of the file, noting keys it repeats (DeepSpeed reads files with
+    ``dict_raise_error_on_duplicate_keys``)."""
+    keys = [k for k, _ in pairs]
+    twice += [k for i, k in enumerate(keys) if k in keys[:i]]
+    return dict(pairs)
 
 
 def leaf_paths(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -69,7 +86,7 @@ def auto_keys(config: dict) -> list[str]:
     return [k for k, v in leaf_paths(config).items() if isinstance(v, str) and v == "auto"]
 
 
-def _without_auto(cfg: dict) -> dict:
+def without_auto(cfg: dict) -> dict:
     """The config with every "auto" removed, as DeepSpeed would see it before the Trainer fills it."""
     def strip(node: Any) -> Any:
         if isinstance(node, dict):
@@ -83,193 +100,128 @@ def _without_auto(cfg: dict) -> dict:
     return out
 
 
-class _RecordingDict(dict):
-    """A dict that remembers which keys were asked for: the keys DeepSpeed actually reads."""
+@dataclass
+class Diagnosis:
+    """The pre-check's verdict on a config: ``errors`` stop the launch, ``warnings`` only say what DeepSpeed
+    will ignore. ``parsed`` is DeepSpeed's ``DeepSpeedConfig`` of it (None when DeepSpeed could not read it)."""
+    name: str
+    world_size: int
+    config: dict
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    parsed: Any = None
 
-    def __init__(self, *args: Any, seen: set | None = None):
-        super().__init__(*args)
-        self.seen = set() if seen is None else seen
+    def error_message(self) -> str:
+        count = f"{len(self.errors)} problems" if len(self.errors) > 1 else "1 problem"
+        return (f"{self.name} (world size {self.world_size}): {count} to fix before launching:\n"
+                + "\n".join(f"  - {e}" for e in self.errors))
 
-    def __copy__(self) -> "_RecordingDict":
-        return _RecordingDict(self, seen=self.seen)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        self.seen.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: Any) -> Any:
-        self.seen.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: Any) -> bool:
-        self.seen.add(key)
-        return super().__contains__(key)
+    def warning_line(self) -> str:
+        return f"Config warning ({self.name}): " + "; ".join(self.warnings) + ". The launch goes on."
 
 
-class _World:
-    """Stands in for torch.distributed while DeepSpeedConfig asks for rank and world size."""
-
-    def __init__(self, world_size: int):
-        self.world_size = world_size
-
-    def get_rank(self) -> int:
-        return 0
-
-    def get_world_size(self, group: Any = None) -> int:
-        return self.world_size
-
-
-@contextlib.contextmanager
-def _world_of(world_size: int) -> Iterator[None]:
-    import deepspeed.runtime.config as ds_config
-    real = ds_config.dist
-    ds_config.dist = _World(world_size)
-    try:
-        yield
-    finally:
-        ds_config.dist = real
-
-
-def _deepspeed_parse(cfg: dict, world_size: int, name: str) -> tuple[Any, set]:
-    """Run DeepSpeed's own DeepSpeedConfig; return it and the top-level keys it read."""
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from pydantic import ValidationError
-
-    recording = _RecordingDict(cfg)
-    try:
-        with _world_of(world_size):
-            parsed = DeepSpeedConfig(recording)
-    except ValidationError as e:
-        problems = [f"  {_key_path(cfg, err['loc'])}: {_problem(err, _model_fields(e.title))}" for err in e.errors()]
-        raise ConfigError(f"DeepSpeed rejects {name}:\n" + "\n".join(problems)) from None
-    except (AssertionError, ValueError, KeyError, TypeError) as e:
-        hint = _batch_hint(world_size) if "batch" in str(e) else ""
-        raise ConfigError(f"DeepSpeed rejects {name} (world size {world_size}): {e}{hint}") from None
-    return parsed, recording.seen
-
-
-def _problem(err: dict, fields: list[str]) -> str:
-    """One pydantic error of DeepSpeed's config model, said plainly.
-
-    Pydantic's own wording is clumsy for configs: an enum error lists DeepSpeed's aliases
-    ("0, 1, 2, 3 or 3" for the stage, whose enum has ``max_stage = 3``), and an unknown key reads
-    "Extra inputs are not permitted". A spelling suggestion is offered only for an unknown key.
-    """
-    given = json.dumps(err.get("input"), default=str)
-    if err["type"] == "extra_forbidden":
-        key = str(err["loc"][-1])
-        close = difflib.get_close_matches(key, fields, n=1)
-        return ("DeepSpeed has no such option" + (f"; did you mean {close[0]!r}?" if close else
-                                                  f". Options here: {', '.join(sorted(set(fields)))}"))
-    if err["type"] == "enum":
-        choices = list(dict.fromkeys(c.strip() for c in re.split(r",| or ", err["ctx"]["expected"]) if c.strip()))
-        return f"{given} is not allowed; use one of {', '.join(choices)}"
-    return f"{given} is not allowed: {err['msg'][0].lower()}{err['msg'][1:]}"
-
-
-def _batch_hint(world_size: int) -> str:
-    return (f"\nBatch sizes must satisfy train_batch_size = train_micro_batch_size_per_gpu × "
-            f"gradient_accumulation_steps × world_size ({world_size} here); give any two and DeepSpeed "
-            f"derives the third.")
-
-
-def _model_fields(model_name: str) -> list[str]:
-    """Field names and aliases of DeepSpeed's pydantic config model called ``model_name``."""
-    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
-
-    stack = [DeepSpeedConfigModel]
-    while stack:
-        cls = stack.pop()
-        if cls.__name__ == model_name:
-            return [n for name, f in cls.model_fields.items() for n in (name, f.alias) if n]
-        stack.extend(cls.__subclasses__())
-    return []
-
-
-def _key_path(cfg: dict, loc: tuple) -> str:
-    """Where a pydantic error points, as a dotted path from the top of the config."""
-    inner = ".".join(str(p) for p in loc)
-    if loc and loc[0] not in cfg:
-        for section, value in cfg.items():
-            if isinstance(value, dict) and loc[0] in value:
-                return f"{section}.{inner}"
-    return inner
-
-
-def _check_top_level(cfg: dict, read: set, name: str) -> None:
-    unknown = [k for k in cfg if k not in read]
-    if unknown:
-        lines = []
-        for k in unknown:
-            close = difflib.get_close_matches(k, sorted(str(x) for x in read), n=1)
-            lines.append(f"  {k!r}" + (f": did you mean {close[0]!r}?" if close else ""))
-        raise ConfigError(f"{name}: DeepSpeed never reads these top-level keys, so they would be ignored "
-                          f"silently:\n" + "\n".join(lines) + "\nRename or remove them.")
-
-
-def _check_stage_options(cfg: dict, stage: int, name: str) -> None:
-    zero = cfg.get("zero_optimization") or {}
-    if not isinstance(zero, dict):
-        return
-    if stage < 3:
-        ignored = [k for k in zero if k.startswith(_STAGE3_ONLY_PREFIX) or k in _STAGE3_ONLY]
-        if ignored:
-            raise ConfigError(f"{name}: zero_optimization.{ignored[0]} only acts in ZeRO stage 3, but stage is "
-                              f"{stage}, so it would do nothing. Set \"stage\": 3 or remove "
-                              f"{', '.join(ignored)}.")
-    if stage == 0:
-        ignored = [k for k in zero if k in _ZERO_ONLY]
-        if ignored:
-            raise ConfigError(f"{name}: zero_optimization.{ignored[0]} needs ZeRO (stage ≥ 1), but stage is 0, "
-                              f"so it would do nothing. Raise the stage or remove {', '.join(ignored)}.")
-
-
-def _check_optimizer_and_scheduler(cfg: dict, name: str) -> None:
-    import torch
-    from deepspeed.runtime import lr_schedules
-    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-
-    opt = (cfg.get("optimizer") or {}).get("type")
-    if opt is not None and opt != "auto":
-        if str(opt).lower() not in DEEPSPEED_OPTIMIZERS and getattr(torch.optim, str(opt), None) is None:
-            choices = ["Adam", "AdamW", "Lamb", "Lion", "Adagrad"] + [n for n in dir(torch.optim) if n[0].isupper()]
-            close = difflib.get_close_matches(str(opt), choices, n=1)
-            raise ConfigError(f"{name}: optimizer.type {opt!r} is neither a DeepSpeed optimizer "
-                              f"({', '.join(DEEPSPEED_OPTIMIZERS)}) nor a torch.optim class."
-                              + (f" Did you mean {close[0]!r}?" if close else ""))
-    sched = (cfg.get("scheduler") or {}).get("type")
-    if sched is not None and sched != "auto":
-        if not hasattr(lr_schedules, str(sched)) and not hasattr(torch.optim.lr_scheduler, str(sched)):
-            close = difflib.get_close_matches(str(sched), lr_schedules.VALID_LR_SCHEDULES, n=1)
-            raise ConfigError(f"{name}: scheduler.type {sched!r} is not a DeepSpeed scheduler "
-                              f"({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) nor a torch.optim.lr_scheduler "
-                              f"class." + (f" Did you mean {close[0]!r}?" if close else ""))
+def diagnose(config: dict | str | Path, world_size: int = 1, trainer: bool = False) -> Diagnosis:
+    """Every problem and every warning of a config for a launch of ``world_size`` ranks, without raising
+    (except :class:`ConfigError` for a file that is missing or not JSON)."""
+    cfg, name = load(config)
+    out = Diagnosis(name=name, world_size=world_size, config=cfg)
+    autos = auto_keys(cfg)
+    if autos and not trainer:
+        out.errors.append(f"{', '.join(autos)}: \"auto\" values are filled in only by the Hugging Face Trainer. "
+                          f"For a plain deepspeed.initialize script, write numbers instead; for a Trainer script, "
+                          f"validate/launch with trainer=True.")
+    reading = doctor.read(without_auto(cfg) if autos else cfg, world_size)
+    out.errors += reading.problems
+    out.parsed = reading.parsed if not reading.problems else None
+    if reading.parsed is not None:
+        _check_top_level(reading, out)
+        if not {"zero_optimization", "zero_optimization.stage"} & set(reading.dropped):
+            out.warnings += _stage_warnings(reading.config, reading.parsed.zero_optimization_stage)
+    out.errors += _optimizer_and_scheduler_problems(reading.config)
+    return out
 
 
 def validate(config: dict | str | Path, world_size: int = 1, trainer: bool = False) -> dict:
     """Check a DeepSpeed config for a launch of ``world_size`` ranks; return it as a dict.
 
+    Raises :class:`ConfigError` listing every problem; prints the warnings on one line.
     ``trainer=True`` allows "auto" values, which only the Hugging Face Trainer fills in.
     """
-    return _checked(config, world_size, trainer)[0]
+    return _checked(config, world_size, trainer).config
 
 
 def parse(config: dict | str | Path, world_size: int = 1) -> Any:
     """DeepSpeed's own reading of a config for ``world_size`` ranks (its ``DeepSpeedConfig``: resolved batch
     sizes, ``zero_config``, precision), after the same checks as :func:`validate`."""
-    return _checked(config, world_size, trainer=False)[1]
+    return _checked(config, world_size, trainer=False).parsed
 
 
-def _checked(config: dict | str | Path, world_size: int, trainer: bool) -> tuple[dict, Any]:
-    cfg, name = load(config)
-    autos = auto_keys(cfg)
-    if autos and not trainer:
-        raise ConfigError(f"{name}: \"auto\" values ({', '.join(autos)}) are filled in only by the Hugging Face "
-                          f"Trainer. For a plain deepspeed.initialize script, write numbers instead; for a "
-                          f"Trainer script, validate/launch with trainer=True.")
-    checked = _without_auto(cfg) if trainer else cfg
-    parsed, read = _deepspeed_parse(checked, world_size, name)
-    _check_top_level(checked, read, name)
-    _check_stage_options(checked, parsed.zero_optimization_stage, name)
-    _check_optimizer_and_scheduler(checked, name)
-    return cfg, parsed
+def _checked(config: dict | str | Path, world_size: int, trainer: bool) -> Diagnosis:
+    verdict = diagnose(config, world_size, trainer)
+    if verdict.errors:
+        raise ConfigError(verdict.error_message())
+    if verdict.warnings:
+        print(verdict.warning_line(), flush=True)
+    return verdict
+
+
+def _check_top_level(reading: doctor.Reading, out: Diagnosis) -> None:
+    """A top-level key DeepSpeed never reads: a likely typo (close to a key it reads) is an error, anything else
+    a warning, since DeepSpeed ignores it."""
+    known = sorted(k for k in reading.read if k not in doctor.removed_keys())
+    for key in (k for k in reading.config if k not in reading.read):
+        close = difflib.get_close_matches(str(key), known, n=1)
+        if close:
+            out.errors.append(f"{key}: DeepSpeed has no top-level option of this name and would ignore it "
+                              f"silently; did you mean {close[0]!r}? Rename it.")
+        else:
+            out.warnings.append(f"DeepSpeed ignores the top-level key {key!r} (no DeepSpeed option has this name)")
+
+
+def _stage_warnings(cfg: dict, stage: int) -> list[str]:
+    zero = cfg.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return []
+    found = []
+    if stage < 3:
+        ignored = [k for k in zero if k.startswith(_STAGE3_ONLY_PREFIX) or k in _STAGE3_ONLY]
+        if ignored:
+            found.append(f"zero_optimization.{', '.join(ignored)} only acts in ZeRO stage 3, but stage is {stage}, "
+                         f"so DeepSpeed ignores {'it' if len(ignored) == 1 else 'them'}")
+    if stage == 0:
+        ignored = [k for k in zero if k in _ZERO_ONLY]
+        if ignored:
+            found.append(f"zero_optimization.{', '.join(ignored)} needs ZeRO (stage ≥ 1), but stage is 0, so "
+                         f"DeepSpeed ignores {'it' if len(ignored) == 1 else 'them'}")
+    return found
+
+
+def _section_type(cfg: dict, section: str) -> Any:
+    node = cfg.get(section)
+    return node.get("type") if isinstance(node, dict) else None
+
+
+def _optimizer_and_scheduler_problems(cfg: dict) -> list[str]:
+    """Types ``DeepSpeedConfig`` accepts but ``deepspeed.initialize`` refuses (the engine's
+    ``_is_supported_optimizer`` and its scheduler lookup in ``lr_schedules`` or ``torch.optim.lr_scheduler``)."""
+    import torch
+    from deepspeed.runtime import lr_schedules
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    found = []
+    opt = _section_type(cfg, "optimizer")
+    if opt is not None and opt != "auto":
+        if str(opt).lower() not in DEEPSPEED_OPTIMIZERS and getattr(torch.optim, str(opt), None) is None:
+            choices = ["Adam", "AdamW", "Lamb", "Lion", "Adagrad"] + [n for n in dir(torch.optim) if n[0].isupper()]
+            close = difflib.get_close_matches(str(opt), choices, n=1)
+            found.append(f"optimizer.type: {opt!r} is neither a DeepSpeed optimizer ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
+                         f"nor a torch.optim class, so deepspeed.initialize would refuse it."
+                         + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
+    sched = _section_type(cfg, "scheduler")
+    if sched is not None and sched != "auto":
+        if not hasattr(lr_schedules, str(sched)) and not hasattr(torch.optim.lr_scheduler, str(sched)):
+            close = difflib.get_close_matches(str(sched), lr_schedules.VALID_LR_SCHEDULES, n=1)
+            found.append(f"scheduler.type: {sched!r} is not a DeepSpeed scheduler "
+                         f"({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) nor a torch.optim.lr_scheduler class."
+                         + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
+    return found
