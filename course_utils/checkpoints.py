@@ -43,6 +43,11 @@ def checkpoint_files(checkpoint_dir: Path | str) -> list[dict]:
             for p in sorted(root.rglob("*")) if p.is_file()]
 
 
+def tag_files(tag_dir: Path | str) -> list[str]:
+    """The names of the files in one checkpoint tag folder (``global_step<N>``), as the ranks wrote them."""
+    return sorted(p.name for p in Path(tag_dir).iterdir() if p.is_file())
+
+
 def human_bytes(n: int) -> str:
     """``1536`` → ``"1.5 KiB"`` (binary units, as the rest of the course uses)."""
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -96,13 +96,19 @@ class Workload:
 
 def rung_needs(w: Workload, m: Machine, stage: int, offload_opt: bool, offload_param: bool,
                 nvme: bool) -> tuple[float, float]:
-    """(GB per GPU, GB of host memory per node) for model states, by DeepSpeed's estimators where it
-    has one (stages 2 and 3), the paper's formula otherwise."""
+    """(GB per GPU, GB of host memory per node) for model states, in one accounting for every rung:
+    DeepSpeed's estimators' (2Ψ of 16-bit parameters + 18Ψ of 16- and 32-bit gradients, fp32 master weights
+    and Adam's moments, the peak inside ``step()``). They have no stage 0 or 1: stage 0 is the stage-2
+    estimate with nothing divided (one rank: 20Ψ), stage 1 the same terms with the 16-bit gradients whole
+    (4Ψ + 16Ψ/N). The paper's 16Ψ would put stage 0 below the stage-2 estimate on one GPU."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    if stage < 2:
-        return zero_formula(w.params, stage, m.gpus)["total"] / GB, 0.0
+    if stage == 0:
+        _, gpu = estimate_zero2_model_states_mem_needs(int(w.params), 1, 1, cpu_offload=False)
+        return gpu / GB, 0.0
+    if stage == 1:
+        return (4 * w.params + 16 * w.params / m.gpus) / GB, 0.0
     if stage == 2:
         cpu, gpu = estimate_zero2_model_states_mem_needs(int(w.params), m.gpus, 1, cpu_offload=offload_opt)
         return gpu / GB, (cpu if offload_opt else 0) / GB

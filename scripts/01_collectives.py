@@ -4,15 +4,37 @@ records which collectives ZeRO stages call in one training step.
 Run from a terminal:  deepspeed --num_gpus 2 scripts/01_collectives.py --sizes 1024 1048576 --zero_stages 2 3
 """
 import argparse
+import time
+from dataclasses import dataclass
 
 import deepspeed
+import psutil
 import torch.distributed as dist
 
 from course_utils.rank.distributed import (AllReduceTime, CollectiveRow, ZeroCollectives, backends_available,
                                            choose_device, rank_identity, run_collectives, time_all_reduce,
                                            zero_step_collectives)
-from course_utils.rank.record import record
+from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args
+
+
+@dataclass
+class TimingLoad(Record, name="timing_load"):
+    """What the machine did while this rank timed all_reduce: were the cores its own?"""
+    rank: int
+    wall_s: float             # seconds the timing took (at least MIN_LOAD_WINDOW_S)
+    own_cpu_s: float          # CPU seconds this rank used meanwhile (all its threads)
+    machine_busy_s: float     # CPU seconds every process of the machine used meanwhile (psutil.cpu_times)
+    cores: int                # logical cores of the machine
+
+
+MIN_LOAD_WINDOW_S = 0.5      # a shorter timing is watched that long, idle, so that the machine's counters mean something
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent outside idle (and I/O wait) since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +62,11 @@ def main(argv=None) -> None:
     record(CollectiveRow.NAME, run_collectives(device))
 
     if args.sizes:
+        wall, own, busy = time.perf_counter(), time.process_time(), busy_seconds()
         record(AllReduceTime.NAME, time_all_reduce(args.sizes, device, repeats=args.repeats))
+        time.sleep(max(0.0, MIN_LOAD_WINDOW_S - (time.perf_counter() - wall)))   # CPU counters tick every 10 ms
+        record(TimingLoad(rank=dist.get_rank(), wall_s=time.perf_counter() - wall, own_cpu_s=time.process_time() - own,
+                          machine_busy_s=busy_seconds() - busy, cores=psutil.cpu_count() or 1))
     for stage in args.zero_stages:
         record(ZeroCollectives.NAME, zero_step_collectives(stage, device))
     finish()

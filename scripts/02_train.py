@@ -181,6 +181,9 @@ def main(argv=None) -> None:
         _, again, _ = evaluate(reloaded, eval_loader, gather, device)
         if rank == 0:
             record("fresh_accuracy", (before[1] == before[2]).float().mean().item())
+            classes = len(data.EMOTION_LABELS)          # what the fresh engine predicted, against the labels' shares
+            record("fresh_predicted_counts", torch.bincount(before[1].long().cpu(), minlength=classes).tolist())
+            record("eval_label_counts", torch.bincount(before[2].long().cpu(), minlength=classes).tolist())
             record("reload_accuracy", (again == labels).float().mean().item())
             record("reload_same_predictions", bool(torch.equal(again, preds)))
             record("checkpoint_files", sorted(os.listdir(os.path.join(args.output_dir, "final"))))

@@ -63,6 +63,7 @@ class EngineDtypes(Record, name="engine_dtypes"):
     psi: int                        # parameters of the model (Ψ)
     messages: dict                  # op → {message bytes → count} logged during that step
     grad_allreduce_bytes: int       # sum of the step's all_reduce messages of ≥ GRAD_MESSAGE_MIN_BYTES
+    communication: str | None = None   # engine.communication_data_type, as the engine reports it
 
 
 @dataclass
@@ -149,7 +150,6 @@ def record_dtypes(base: dict, device: str) -> None:
             engine.backward(loss)
             dtypes = engine_dtypes(engine)
             engine.step()
-        dtypes.pop("communication")                    # the config's setting; the bytes below are what was sent
         found = EngineDtypes(precision=name, loss_scale=float(getattr(engine.optimizer, "loss_scale", 1.0)),
                              forward=dtype_name(out.dtype), psi=count_parameters(model), messages=window.messages,
                              grad_allreduce_bytes=window.bytes(GRAD_MESSAGE_MIN_BYTES).get("all_reduce", 0),

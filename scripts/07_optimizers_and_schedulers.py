@@ -31,7 +31,8 @@ class OptimizerOutcome(Record, name="optimizer"):
     optimizer_class: str | None = None    # module.Class of the optimizer doing the step
     adam_w_mode: bool | None = None
     wrapper: str | None = None            # the engine's optimizer around it (ZeRO, fp16, ...)
-    losses: list | None = None
+    losses: list | None = None           # each step's loss, each on that step's own batch
+    held_out: list | None = None         # [before, after] training: the loss on one batch never trained on
 
 
 @dataclass
@@ -66,6 +67,16 @@ def train(engine, steps: int, device: str) -> list[float]:
     return losses
 
 
+HELD_OUT_STEP = 10**6                    # a batch index no training run reaches
+
+
+def held_out_loss(engine, device: str) -> float:
+    """The loss on one fixed batch of 256 samples that no training step uses (the same on every rank)."""
+    x, y = random_batch(HELD_OUT_STEP, 0, batch=256)
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(engine(x.to(device)), y.to(device)).item()
+
+
 def try_optimizer(base: dict, label: str, steps: int, device: str) -> OptimizerOutcome:
     """Build the engine of one optimizer section and train ``steps`` steps, or report why it failed."""
     try:
@@ -73,9 +84,11 @@ def try_optimizer(base: dict, label: str, steps: int, device: str) -> OptimizerO
     except Exception as err:
         return OptimizerOutcome(label=label, outcome=type(err).__name__, error=str(err).splitlines()[0][:300])
     inner = engine.basic_optimizer
+    before = held_out_loss(engine, device)
     outcome = OptimizerOutcome(label=label, outcome="ok", optimizer_class=f"{type(inner).__module__}.{type(inner).__name__}",
                                adam_w_mode=getattr(inner, "adam_w_mode", getattr(inner, "adamw_mode", None)),
                                wrapper=type(engine.optimizer).__name__, losses=train(engine, steps, device))
+    outcome.held_out = [before, held_out_loss(engine, device)]
     engine.destroy()
     return outcome
 
@@ -101,7 +114,7 @@ def main(argv=None) -> None:
         record(outcome)
         if outcome.outcome == "ok":
             rank0_print(f"{label:24s} {outcome.optimizer_class} (wrapped by {outcome.wrapper}), "
-                        f"loss {outcome.losses[0]:.3f} → {outcome.losses[-1]:.3f}")
+                        f"held-out loss {outcome.held_out[0]:.3f} → {outcome.held_out[1]:.3f}")
         else:
             rank0_print(f"{label:24s} {outcome.outcome}: {outcome.error}")
 

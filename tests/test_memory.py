@@ -188,3 +188,21 @@ def test_a_plan_config_is_judged_by_deepspeeds_reading_and_the_ladder():
         configs.parse({**right, "train_micro_batch_size_per_gpu": 7}, world_size=2)
     for message in filter(None, [problem(train_micro_batch_size_per_gpu=2), problem(train_batch_size=32)]):
         assert "micro-batch of 4" not in message and "stage 2" not in message
+
+
+def test_edge_grad_numel_follows_deepspeeds_partitioning():
+    # 10 + 7 + 5 = 22 elements, padded to 24 (a multiple of 2 × 2 ranks): partitions [0, 12) and [12, 24);
+    # the 7-element parameter starts at 10 and straddles the edge, so both ranks hold it whole
+    assert zero_rules.edge_grad_numel([10, 7, 5], 2, 0) == 10 + 7
+    assert zero_rules.edge_grad_numel([10, 7, 5], 2, 1) == 7 + 5
+    # the same rule as DeepSpeed's own get_partition_info (it reads no engine state), on sizes with an edge in
+    # the middle of parameters, for several world sizes
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    numels = [1000, 37, 4096, 3, 250, 999, 64]
+    for world in (1, 2, 3, 4, 8):
+        flat = -(-sum(numels) // (2 * world)) * 2 * world
+        for rank in range(world):
+            inside, _, _ = DeepSpeedZeroOptimizer.get_partition_info(None, [torch.empty(n) for n in numels],
+                                                                     flat // world, rank)
+            assert zero_rules.edge_grad_numel(numels, world, rank) == sum(t.numel() for t in inside), (world, rank)

@@ -46,3 +46,5 @@ def test_notebook_runs_and_records_its_figures():
     times = m["all_reduce_times"]
     assert len(times) >= 4 and all(t["seconds"] > 0 for t in times)
     assert times[-1]["gbytes_per_s"] > times[0]["gbytes_per_s"], "large messages must move more bytes per second"
+    load = m["all_reduce_timing_load"]      # what else the machine ran while the ranks timed all_reduce
+    assert load["wall_s"] > 0 and load["ranks_cpu_s"] > 0 and 0 <= load["others_cores"] <= load["cores"]

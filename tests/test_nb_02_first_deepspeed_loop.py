@@ -16,7 +16,12 @@ def test_notebook_runs_and_records_its_figures():
     assert m["majority_accuracy"] < 0.35
     assert m["eval_accuracy"] >= 0.6, f"smoke training should beat the majority class clearly, got {m['eval_accuracy']}"
     assert m["last_loss"] < 0.75 * m["first_loss"]
-    assert m["fresh_accuracy"] < 0.45, "a fresh engine with new random weights should be near chance before loading"
+    assert m["fresh_accuracy"] < 0.45, "a fresh engine with new random weights has learnt nothing before loading"
+    # its accuracy is the share of the examples whose label it happens to predict, from the counts the ranks measured
+    predicted, support = m["fresh_predicted_counts"], m["eval_label_counts"]
+    assert sum(predicted) == sum(support) == m["eval_examples_expected"]
+    hits_at_most = sum(min(p, s) for p, s in zip(predicted, support))
+    assert m["fresh_accuracy"] * sum(support) <= hits_at_most + 1e-6
     assert m["reload_same_predictions"] is True
     assert m["reload_accuracy"] == m["eval_accuracy"]
     assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 64 != 32 * 4 *" \

@@ -41,3 +41,7 @@ def test_planning_figures():
     # exercise 2, as DeepSpeed resolved the course's config: ZeRO-2 + optimizer offload, 4 × 8 × 2 ranks = 64
     assert m["plan_rung"] == [2, True, False, False]
     assert (m["plan_micro_batch"], m["plan_accumulation"]) == (4, 8)
+    # one accounting along the ladder: on one GPU ZeRO-2 has nothing to partition, so it needs what no ZeRO needs
+    ladder = m["one_gpu_ladder_gb"]
+    assert ladder["ZeRO stage 2"] == ladder["+ gradient checkpointing"] < ladder["batch 1 + gradient accumulation"]
+    assert ladder["ZeRO stage 3"] <= ladder["ZeRO stage 2"]

@@ -65,6 +65,10 @@ def test_notebook_runs_and_records_its_figures():
     assert set(m["grad_allreduce_bytes"]) >= {"fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16"}
     for name, nbytes in m["grad_allreduce_bytes"].items():
         assert nbytes == psi * ELEMENT_BYTES[name], (name, nbytes, psi)
+    # engine.communication_data_type: the config's value, else the training dtype; blind to torch_autocast
+    said = m["communication_data_type"]
+    assert (said["fp32"], said["bf16"], said["bf16+fp32 comm"]) == ("float32", "bfloat16", "float32")
+    assert said["torch_autocast bf16"] == "float32" and ELEMENT_BYTES["torch_autocast bf16"] == 2
     if world > 1:
         module_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}
         for name, nbytes in m["allgather_bytes"].items():     # a shard of Ψ / world elements, plus alignment padding

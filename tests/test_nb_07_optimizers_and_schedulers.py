@@ -43,6 +43,9 @@ def test_notebook_runs_and_records_its_figures():
     assert final["Adam"] == pytest.approx(final["AdamW"], rel=1e-7), "Adam is AdamW by default"
     assert abs(final["Adam adam_w_mode=false"] - final["AdamW"]) > 1e-5
     assert outcomes["OneBitAdam"] == "AssertionError", "0.19.8 no longer ships OneBitAdam"
+    held_out = m["optimizer_held_out_losses"]        # one fixed batch no step trained on, before and after
+    assert set(held_out) == {k for k, v in outcomes.items() if v == "ok"}
+    assert all(after < before for before, after in held_out.values()), held_out
     if not hardware.detect().is_gpu:
         assert outcomes["Lamb"] == "ValueError", "FusedLamb has no CPU op"
 
@@ -66,6 +69,7 @@ def test_notebook_runs_and_records_its_figures():
         assert lr[floor_step:] == pytest.approx([LR / 10] * (len(lr) - floor_step), rel=1e-9), label
         assert lr[floor_step - 1] > lr[floor_step] * (1 + 1e-6), f"{label} reaches its floor at step {floor_step}"
     assert LR * 0.9 < max(curves["WarmupCosineLR"]) < LR, "the cosine's first point is one step past the peak"
+    assert m["warmup_cosine_first_lrs"] == [0.0, pytest.approx(0.5 * LR)], "the constructor sets 0, not warmup_min_ratio × lr"
 
     betas = m["one_cycle_betas"]
     assert {tuple(b) for b in betas["OneCycle"]} == {(0.9, 0.999)}, "cycle_momentum=False leaves the betas alone"

@@ -39,6 +39,9 @@ def check_file_names_per_stage_and_precision(m: dict, procs: int) -> None:
             assert files[f"{dtype}/{stage}"] == sorted(["mp_rank_00_model_states.pt"] + optim)
         assert files[f"{dtype}/3"] == sorted([f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(procs)] + optim)
     assert m["optimizer_per_stage"]["bf16/0"] == "FP16_Optimizer", "bf16 without ZeRO: the fp16/bf16 wrapper"
+    for world in {procs, max(1, procs // 2)}:      # run A and the universal resume's own save, on disk
+        assert m["files_other_world_sizes"][f"2/{world}"] == sorted(
+            ["mp_rank_00_model_states.pt"] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)])
     sizes = m["checkpoint_bytes"]
     for stage in (1, 2, 3):   # the partitions hold fp32 master weights and moments in both precisions
         assert sizes[f"bf16/{stage}"]["optimizer files"] == pytest.approx(sizes[f"fp32/{stage}"]["optimizer files"], rel=0.01)

@@ -18,7 +18,7 @@ from course_utils.rank.scaffolding import load_config, load_exercise, parse_args
 
 SCRIPTS = sorted(p.stem for p in paths.SCRIPTS.glob("[0-9]*.py"))
 REQUIRED = {"01_ring": ["--ring_file", "ring.py"], "09_checkpoints": ["--mode", "train", "--out", "o"],
-            "10_translation": ["--output_dir", "o"]}
+            "10_translation": ["--output_dir", "o"], "05_out_of_memory": ["--cgroup_procs", "x"]}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -71,7 +71,7 @@ def test_04_rung_record_from_fake_measurements(tmp_path):
     (tmp_path / "zero_stage_3" / "optimizer").mkdir(parents=True)
     (tmp_path / "zero_stage_3" / "optimizer" / "a.swp").write_bytes(b"")
     common = dict(rank=0, dtype="fp32", step_times=[0.3, 0.1, 0.2], held=_held(INVENTORY), accelerator="cpu",
-                  rss_start=10, peak_rss=30, accelerator_peak=0, gathered_in_forward=0, persistent_numel=0,
+                  accelerator_peak=0, gathered_in_forward=0, persistent_numel=0,
                   optimizer="DeepSpeedCPUAdam", loss=1.5)
     rung = s.make_rung("stage 2 + offload", swap_dir=str(tmp_path), **common)
     assert rung.step_seconds == statistics.median([0.3, 0.1, 0.2])
@@ -88,7 +88,7 @@ def test_04_gpu_placement_follows_the_tensors_devices():
     inventory = [_entry("params", 400, "cuda:0"), _entry("grads", 200, "cpu"), _entry("optimizer", 1600, "cpu"),
                  _entry("buffers", 64, "cuda:0")]
     rung = s.make_rung("stage 2 + offload", rank=0, dtype="bf16", step_times=[1.0], held=_held(inventory),
-                       accelerator="cuda", rss_start=0, peak_rss=0, accelerator_peak=0, gathered_in_forward=0,
+                       accelerator="cuda", accelerator_peak=0, gathered_in_forward=0,
                        persistent_numel=0, optimizer="x", loss=0.0)
     assert (rung.device_bytes, rung.host_bytes) == (400, 1800)
 

@@ -2,7 +2,8 @@
 optimizer/scheduler combinations (notebook 07) and a record of what "auto" was filled with (notebook 08).
 
 On GPUs, ``TrainingArguments(deepspeed=...)`` sets up the distributed state by itself. On a CPU-only
-machine it does not: accelerate only joins a DeepSpeed process group when it sees an accelerator, so
+machine it does not: accelerate's ``PartialState`` picks a backend only for an accelerator it knows (or
+when asked for CPU), finds none, and then counts one process, so
 every rank believes it is alone (world size 1) and DeepSpeed's batch-size check fails
 (train_batch_size != micro_batch × grad_acc × world_size). The remedy, applied by
 :func:`training_arguments`, is to build accelerate's ``PartialState`` for DeepSpeed over gloo
@@ -29,7 +30,7 @@ def prepare_cpu_state() -> None:
     from accelerate import PartialState
 
     previous = os.environ.get("ACCELERATE_USE_DEEPSPEED")
-    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"     # what TrainingArguments sets for DeepSpeed on GPUs
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"     # what TrainingArguments sets for DeepSpeed, on any device
     try:
         PartialState(backend="gloo")
     finally:

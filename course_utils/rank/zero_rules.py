@@ -5,7 +5,8 @@ where offload puts them.
   with mixed-precision Adam a model of Ψ parameters needs 2Ψ (16-bit parameters) + 2Ψ (16-bit
   gradients) + 12Ψ (fp32 master weights, momentum, variance) bytes, and stages 1, 2, 3 divide the
   last one, the last two, all three by the number of ranks N.
-* :func:`deepspeed_expected` is that formula with what DeepSpeed 0.19 does differently on purpose.
+* :func:`deepspeed_expected` is that formula with what DeepSpeed 0.19 does differently on purpose;
+  :func:`edge_grad_numel` computes its stage 1–2 gradient term from the parameters' sizes.
 * :data:`OFFLOAD_MOVES` says what ``offload_optimizer`` and ``offload_param`` move to the host; the
   ladder's prediction (notebook 04) and the calculator (notebook 05) split bytes with :func:`placement`.
   Notebook 04 measures the placement from the tensors instead (structure and device of each) and its
@@ -15,7 +16,8 @@ Standard library only: the notebook imports it without torch.
 """
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from typing import Mapping, Sequence
 
 GB = 1e9        # the paper's GB (10⁹ bytes)
 STATES = ("params", "grads", "optimizer")
@@ -93,6 +95,32 @@ def deepspeed_expected(num_params: int, stage: int, world_size: int, dtype: str,
         out["params"] += per["params"] * persistent_numel
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
+
+
+def edge_grad_numel(param_numels: Sequence[int], world_size: int, rank: int,
+                    element_size: int = 4, parameter_alignment: bool = False) -> int:
+    """Stages 1–2: elements of the gradient buffer ``grads_in_partition`` of ``rank``, computed from the
+    parameters' sizes alone, by DeepSpeed 0.19.8's partitioning rules (``DeepSpeedZeroOptimizer.__init__``
+    and ``get_partition_info`` in ``runtime/zero/stage_1_and_2.py``), for one parameter group in the order
+    it was given:
+
+    - with ``parameter_alignment`` each parameter but the last is padded to ``16 // gcd(16, element_size)``
+      elements (off by default: no padding);
+    - the flat buffer is padded to a multiple of ``nccl_start_alignment_factor (2) × world_size`` and cut into
+      ``world_size`` equal partitions;
+    - a parameter belongs to the rank's partition when it starts inside it or straddles its start, and the
+      buffer holds every such parameter *whole*.
+    """
+    align_each = 16 // math.gcd(16, element_size) if parameter_alignment else 1
+    starts, offset = [], 0
+    for i, n in enumerate(param_numels):
+        starts.append(offset)
+        offset += n + (0 if i == len(param_numels) - 1 else (-(offset + n)) % align_each)
+    alignment = 2 * world_size
+    flat = -(-offset // alignment) * alignment
+    size = flat // world_size
+    first, end = size * rank, size * (rank + 1)
+    return sum(n for s, n in zip(starts, param_numels) if first <= s < end or s < first < s + n)
 
 
 # ---------------------------------------------------------------- offload: where the states live

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from .. import scripts
 from ..launch.commands import ENV_FILE
 from ..rank.distributed import COLLECTIVES, AllReduceTime, CollectiveRow, Identity, ZeroCollectives
 from ..rank.ring import RingStep
@@ -120,6 +121,17 @@ def plot_all_reduce_times(rows: list[AllReduceTime], world_size: int, backend: s
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def timing_load(records: list[dict]) -> dict:
+    """What else the machine ran while the ranks timed all_reduce (the ``timing_load`` records of
+    scripts/01_collectives.py): CPU seconds of the ranks, of every other process, and the cores those took."""
+    loads = read_as(records, scripts.load("01_collectives").TimingLoad, rank=None)
+    first = min(loads, key=lambda r: r.rank)          # rank 0's window stands for the launch (one machine)
+    ranks_cpu = sum(r.own_cpu_s for r in loads)
+    others = max(0.0, first.machine_busy_s - ranks_cpu)
+    return {"wall_s": first.wall_s, "cores": first.cores, "ranks_cpu_s": ranks_cpu, "others_cpu_s": others,
+            "others_cores": others / first.wall_s if first.wall_s > 0 else 0.0}
 
 
 def zero_collectives_table(records: list[dict], rank: int = 0):

@@ -75,6 +75,7 @@ def communication_table(rows: list[Any]) -> list[dict[str, Any]]:
         small = {size: n for size, n in r.messages.get("all_reduce", {}).items() if int(size) < min_bytes}
         gathers = r.messages.get("all_gather_into_tensor", {})
         table.append({"precision": r.precision, "module": r.module, "Ψ": r.psi,
+                      "engine.communication_data_type": r.communication,
                       "gradient all_reduce bytes": r.grad_allreduce_bytes,
                       "bytes per element": r.grad_allreduce_bytes / r.psi,
                       f"all_reduce < {min_bytes} B (bytes: count)": small,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import configs, scripts
 from ..rank.record import read_as
-from ..rank.zero_rules import deepspeed_expected, zero_formula
+from ..rank.zero_rules import BYTES_PER_PARAM, deepspeed_expected, edge_grad_numel, zero_formula
 from .source import show_source
 
 
@@ -17,7 +17,8 @@ def _script():
 
 # What the stage 2/3 keys of configs/zero2.json and configs/zero3.json do (DeepSpeed 0.19 semantics).
 ZERO_KEYS = {
-    "overlap_comm": "reduce gradient buckets while backward still runs (needs extra bucket buffers)",
+    "overlap_comm": "reduce one bucket on a side stream while backward fills another (a second bucket buffer); "
+                    "stage 2 reduces during backward without it too (partition_gradients), stage 1 only with it",
     "contiguous_gradients": "copy each reduced gradient into one pre-allocated partition buffer "
                             "(grads_in_partition): no fragmentation, one flat tensor for the step",
     "reduce_scatter": "stage 1/2: reduce the gradients bucket by bucket, each slice for its owner (true: "
@@ -27,7 +28,7 @@ ZERO_KEYS = {
     "allgather_partitions": "read by nothing in DeepSpeed 0.19.8 (stages 1/2 always all-gather the "
                             "updated partitions)",
     "allgather_bucket_size": "stage 1/2: elements per all-gather of updated parameters, only where torch "
-                             "lacks all_gather_into_tensor (otherwise one all-gather per group)",
+                             "lacks all_gather_into_tensor (otherwise one all-gather per group); must be even (asserted)",
     "sub_group_size": "stage 3: the optimizer steps over groups of this many elements at a time "
                       "(the unit swapped in and out with NVMe offload)",
     "stage3_prefetch_bucket_size": "stage 3: elements gathered ahead of use during forward/backward",
@@ -51,15 +52,21 @@ def config_keys_table(*names: str):
     return pd.DataFrame(rows).set_index("key")
 
 
-def zero_memory_rows(records: list[dict]) -> list[dict]:
+def zero_memory_rows(records: list[dict], param_numels: list[int]) -> list[dict]:
     """One row per rank and run from a launch's ``zero_memory`` records (every rank): measured
-    model-state bytes, the paper's formula and the formula with DeepSpeed's documented adjustments."""
+    model-state bytes, the paper's formula and the formula with DeepSpeed's documented adjustments.
+
+    ``param_numels`` are the model's parameter sizes in ``model.parameters()`` order: the stage 1–2 gradient
+    term (whole parameters on a partition's edge) is computed from them by DeepSpeed's partitioning rules
+    (:func:`edge_grad_numel`), not read from the engine, so the measured buffer can disagree with it."""
     rows = []
     for r in read_as(records, _script().ZeroMemory, rank=None):
         psi, stage, n, dtype = r.num_params, r.stage, r.world_size, r.dtype
-        expected = deepspeed_expected(psi, stage, n, dtype, r.grad_partition_numel or None, r.persistent_numel)
+        edge = edge_grad_numel(param_numels, n, r.rank, BYTES_PER_PARAM[dtype]["grads"]) if stage in (1, 2) else None
+        expected = deepspeed_expected(psi, stage, n, dtype, edge, r.persistent_numel)
         m = r.measured
         rows.append({"stage": stage, "world_size": n, "dtype": dtype, "rank": r.rank,
+                     "predicted_grads": expected["grads"],
                      "params": m["params"], "grads": m["grads"], "optimizer": m["optimizer"],
                      "buffers": m["buffers"], "measured_bytes": m["model_states"],
                      "formula_bytes": zero_formula(psi, stage, n, dtype)["total"],
