@@ -1,0 +1,215 @@
+"""LoRA adapters (peft) under ZeRO, on the course's tiny GPT-2, in one launch.
+
+Per-rank bytes of parameters, gradients and optimizer states at ZeRO stages 0, 2 and 3 for full fine-tuning and for LoRA, with the collectives of one step (comms logger); the activations of a
+forward and backward pass; a base model saved with save_pretrained, loaded under ZeRO-3 through
+HfDeepSpeedConfig, given an adapter with get_peft_model and trained with a raw deepspeed.initialize loop; what
+each rank's state dict holds of the adapter, the adapter saved without and with a gather; the same adapter
+trained at ZeRO-2.
+With --yours, the adapter is also saved with your adapter_state(model). With a DeepSpeed config (it says
+"auto" where the Trainer fills values in), the HF Trainer then trains the same adapter at ZeRO-3 from the same
+checkpoint, with the model as loaded and with its loss type named, and saves it (save_model).
+
+Run from a terminal:
+  deepspeed --num_gpus 2 scripts/12_adapters.py --deepspeed_config configs/12_adapters_trainer.json
+"""
+import argparse
+import gc
+import warnings
+
+import deepspeed
+import peft  # noqa: F401  (imported before gc.freeze() below)
+import torch
+import torch.distributed as dist
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+from course_utils.rank import comms
+from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, Activations, AdapterMemory, AdapterState,
+                                        Losses, SampleDataset, Saved, TokenCount, adapter_view, gathered_adapter_state,
+                                        micro_batch, save_adapter, save_base, saved_activation_bytes, shared_folder,
+                                        trainable_numel, with_lora, zero3_view)
+from course_utils.rank.data import fixed_batch
+from course_utils.rank.engine import ds_config, release
+from course_utils.rank.memory import model_state_bytes, tensor_inventory
+from course_utils.rank.models import PRESETS, tiny_gpt2
+from course_utils.rank.record import record
+from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, scratch_dir
+
+MICRO = 4                 # sequences per rank and step
+LEARNING_RATE = 1e-3      # the course configs' AdamW (configs/zero*.json): lr 1e-3, weight decay 0.01, clipping 1.0
+
+
+def zero_config(stage: int) -> dict:
+    """The course config of ``stage`` in fp32; stage 3 keeps parameters of at most 10 × hidden size elements whole,
+    the value the Trainer's "auto" gives ``stage3_param_persistence_threshold``."""
+    extra = {"stage3_param_persistence_threshold": 10 * PRESETS[PRESET].n_embd} if stage == 3 else {}
+    return ds_config(stage, "fp32", micro_batch=MICRO, **extra)
+
+
+def trainable(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def train_step(engine, step: int) -> float:
+    """Forward, backward and step on this rank's share of step ``step``; the loss averaged over the ranks."""
+    ids = micro_batch(step, dist.get_rank(), dist.get_world_size(), MICRO).to(engine.device)
+    loss = engine(input_ids=ids, labels=ids).loss
+    engine.backward(loss)
+    engine.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    return mean.item() / dist.get_world_size()
+
+
+def measure(stage: int, kind: str, r: int, targets: list) -> None:
+    """Build, take one step (Adam creates its states), then walk the engine's tensors after the next backward."""
+    model = tiny_gpt2(PRESET)
+    if kind != "full":
+        model = with_lora(model, r, targets)
+    n_trainable, total = trainable_numel(model)
+    peft_trainable = model.get_nb_trainable_parameters()[0] if kind != "full" else n_trainable
+    config = comms.with_comms_logger(zero_config(stage))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable(model), config=config)
+    train_step(engine, 0)
+    with comms.logged() as window:                       # every collective of one whole step
+        ids = micro_batch(1, dist.get_rank(), dist.get_world_size(), MICRO).to(engine.device)
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        measured = model_state_bytes(tensor_inventory(engine))
+        engine.step()
+    persistent = sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False))
+    grad_partition = sum(p.numel() for group in getattr(engine.optimizer, "params_in_partition", []) for p in group)
+    record(AdapterMemory(stage=stage, kind=kind, r=r if kind != "full" else 0, targets=list(targets) if kind != "full" else [],
+                         rank=dist.get_rank(), world_size=dist.get_world_size(), total=total, trainable=n_trainable,
+                         peft_trainable=peft_trainable, measured=measured, persistent_numel=persistent,
+                         grad_partition_numel=grad_partition, messages=window.messages))
+    rank0_print(f"stage {stage} {kind:8s} trainable {n_trainable:>7,} of {total:,}: "
+                + "  ".join(f"{k}={v / 2**10:7.1f} KiB" for k, v in measured.items() if k != "buffers"))
+    release(engine)
+
+
+def activations() -> None:
+    """Rank 0: what a forward and backward pass holds besides the weights, full fine-tuning vs LoRA."""
+    if dist.get_rank() != 0:
+        return
+    for micro in (MICRO, 4 * MICRO):
+        ids = micro_batch(0, 0, 1, micro)
+        for kind in ("full", "lora"):
+            model = tiny_gpt2(PRESET) if kind == "full" else with_lora(tiny_gpt2(PRESET))
+            record(Activations(kind=kind, trainable=trainable_numel(model)[0], micro_batch=micro, tokens=ids.numel(),
+                               saved_bytes=saved_activation_bytes(model, ids)))
+
+
+def zero3_engine(base: str, steps: int):
+    """from_pretrained under ZeRO-3 (an HfDeepSpeedConfig alive first), get_peft_model, deepspeed.initialize, each
+    recorded; then ``steps`` raw training steps: (engine, the HfDeepSpeedConfig to keep alive)."""
+    from transformers import GPT2LMHeadModel
+    from transformers.integrations import HfDeepSpeedConfig
+
+    config = zero_config(3)
+    keep_alive = HfDeepSpeedConfig(config)            # from_pretrained now builds the model inside zero.Init
+    model = GPT2LMHeadModel.from_pretrained(base)
+    zero3_view(model, "from_pretrained")
+    model = with_lora(model)
+    zero3_view(model, "get_peft_model")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable(model), config=config)
+    zero3_view(engine.module, "deepspeed.initialize")
+    record(Losses(label="raw loop, ZeRO-3", losses=[train_step(engine, s) for s in range(steps)]))
+    return engine, keep_alive
+
+
+def pitfall_and_fix(engine) -> None:
+    """What each rank's adapter state dict holds without a gather; the adapter saved that way and gathered."""
+    from peft import get_peft_model_state_dict
+
+    model = engine.module
+    with warnings.catch_warnings():                   # peft warns about what this record shows
+        warnings.simplefilter("ignore")
+        record(AdapterState(rank=dist.get_rank(), tensors=adapter_view(get_peft_model_state_dict(model), model)))
+    save_adapter("without gather", model, None)
+    save_adapter("gathered", model, gathered_adapter_state(model))
+    model.eval()
+    with torch.no_grad():                             # every rank runs it: the forward gathers the weights
+        logits = model(input_ids=fixed_batch().to(engine.device)).logits
+    if dist.get_rank() == 0:
+        record("trained_logits", logits.cpu())
+
+
+def trainer_run(base: str, config_path: str, steps: int, loss_type: str | None):
+    """The HF Trainer: TrainingArguments first (they hold an HfDeepSpeedConfig, so from_pretrained partitions),
+    the same adapter and samples in the same order. ``loss_type``: what the Trainer is told the model's loss is
+    (GPT-2's class name does not say; None leaves it as loaded)."""
+    from accelerate.state import AcceleratorState
+    from transformers import GPT2LMHeadModel, Trainer
+
+    from course_utils.rank.trainer import training_arguments
+
+    AcceleratorState._reset_state()                   # forget the previous run's DeepSpeed plugin
+    targs = training_arguments(output_dir=scratch_dir(), deepspeed=config_path, per_device_train_batch_size=MICRO,
+                               max_steps=steps, learning_rate=LEARNING_RATE, weight_decay=0.01, max_grad_norm=1.0,
+                               lr_scheduler_type="constant", train_sampling_strategy="sequential", logging_steps=1,
+                               save_strategy="no")
+    model = GPT2LMHeadModel.from_pretrained(base)
+    if loss_type:
+        model.loss_type = loss_type
+    trainer = Trainer(model=with_lora(model), args=targs,
+                      train_dataset=SampleDataset(steps * MICRO * dist.get_world_size()))
+    trainer.train()
+    label = "Trainer, ZeRO-3" + (f" (loss_type {loss_type})" if loss_type else " (GPT-2 as loaded)")
+    record(Losses(label=label, losses=[h["loss"] for h in trainer.state.log_history if "loss" in h]))
+    if dist.get_rank() == 0:
+        record(TokenCount(label=label, loss_type=str(getattr(model, "loss_type", None)),
+                          shifts_labels=bool(trainer._loss_shifts_labels)))
+    return trainer
+
+
+def trainer_save(trainer) -> None:
+    """save_model on every rank: under ZeRO-3 with a peft model the Trainer gathers the trainable parameters."""
+    folder = shared_folder("adapters/Trainer save_model")
+    trainer.save_model(str(folder))
+    if dist.get_rank() == 0:
+        record(Saved(label="Trainer save_model", folder=str(folder), warnings=[]))
+    unset_hf_deepspeed_config()
+    release(trainer.model_wrapped)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--stages", type=int, nargs="*", default=[0, 2, 3])
+    parser.add_argument("--exercise", nargs="+", default=None, metavar=("R", "TARGET"),
+                        help="also measure at stage 2 an adapter of rank R on these target modules")
+    parser.add_argument("--steps", type=int, default=6, help="training steps of each run")
+    parser.add_argument("--yours", help="a file defining adapter_state(model), called on every rank after training")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    deepspeed.init_distributed()
+    base = save_base()
+    gc.freeze()       # what the imports made never becomes garbage: the gc.collect calls of DeepSpeed (building and
+                      # freeing engines) and of release() then walk only what comes after
+    for stage in args.stages:                          # 1 · what each rank holds, full vs LoRA
+        for kind in ("full", "lora"):
+            measure(stage, kind, LORA_R, list(LORA_TARGETS))
+    if args.exercise:
+        measure(2, "exercise", int(args.exercise[0]), args.exercise[1:])
+    activations()
+    engine, keep_alive = zero3_engine(base, args.steps)   # 2 · loading, training
+    pitfall_and_fix(engine)                            # 3 · saving
+    if args.yours:
+        state = load_exercise(args.yours, ["adapter_state"])["adapter_state"](engine.module)
+        save_adapter("yours", engine.module, state if dist.get_rank() == 0 else None)
+    release(engine)
+    del keep_alive
+    unset_hf_deepspeed_config()
+    model = with_lora(tiny_gpt2(PRESET))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable(model), config=zero_config(2))
+    record(Losses(label="raw loop, ZeRO-2", losses=[train_step(engine, s) for s in range(args.steps)]))
+    release(engine)
+    if args.deepspeed_config:                          # 4 · the Trainer, with the config that says "auto"
+        release(trainer_run(base, args.deepspeed_config, args.steps, None).model_wrapped)
+        trainer_save(trainer_run(base, args.deepspeed_config, args.steps, "ForCausalLM"))
+    finish()
+
+
+if __name__ == "__main__":
+    main()
