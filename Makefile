@@ -13,6 +13,8 @@ help:
 	@echo "make preflight  before a workshop: will this machine run the course? (no set-up needed)"
 	@echo "make course   set up if needed, run every notebook, write build/report.md"
 	@echo "make test     set up if needed, run the unit tests and every notebook (smoke parameters)"
+	@echo "make ops      build every DeepSpeed op the course loads now (course and lab build those set-up left out"
+	@echo "              in the background)"
 	@echo "make test-gpu on a machine with an NVIDIA GPU: the GPU figures (CUDA memory, the fp16 engine, offload)"
 	@echo "make lab      JupyterLab on the course"
 	@echo "make student  student edition (solutions removed) in build/student/"

@@ -8,6 +8,11 @@ metadata says ``"course": {"runs_alone": "<why>"}``: their figures compare timin
 times), which a neighbour would distort, so they run when nothing else does. The others start longest
 first, by the previous ``build/report.md``, so the two lanes end together. The report names the notebooks
 that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
+
+DeepSpeed ops that set-up left out build in the background meanwhile (:mod:`course_utils.opbuild`): a notebook
+starts once the ops it loads are built (one that runs alone, once all are), another one ready takes its lane. The
+console says "notebook n of N", the time elapsed and about how long is left, from the previous report's times or
+else INSTRUCTORS.md's (:mod:`course_utils.progress`); each kernel's own output goes to a log beside the notebook.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
             cell_timeout: int = CELL_TIMEOUT, cwd: Path | None = None) -> Outcome:
     """Run one notebook with papermill (in its folder, or ``cwd``, with the course kernel)."""
     import papermill
+    import zmq
     from papermill.exceptions import PapermillExecutionError
     from traitlets.config import Config
 
@@ -58,7 +64,8 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     try:
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {},
                                    cwd=str(cwd or notebook.parent), execution_timeout=cell_timeout,
-                                   progress_bar=False, log_output=False, config=Config(KERNEL_CONFIG))
+                                   progress_bar=False, log_output=False,
+                                   config=Config(KERNEL_CONFIG if zmq.has("curve") else {}))
     except PapermillExecutionError as e:
         error = f"cell {e.exec_count}: {e.ename}: {e.evalue}".strip()
     except Exception as e:  # a dead kernel, a timeout: reported, and the course goes on
@@ -135,9 +142,28 @@ def report(outcomes: list[Outcome], smoke: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_log(notebook: Path) -> Path:
+    """Where the kernel's own output goes in ``make course``: ipykernel's log lines and what the kernel process and
+    the programs it starts write straight to its stdout and stderr, outside any cell (each cell's output is in the
+    executed notebook)."""
+    return paths.build_dir() / "executed" / f"{notebook.stem}.kernel.log"
+
+
 def _run_one(notebook: Path, smoke: bool) -> Outcome:
-    """Execute one notebook and render its HTML (in a worker process of :func:`run`)."""
+    """Execute one notebook and render its HTML (in a worker process of :func:`run`; the kernel it starts
+    inherits this process's stdout and stderr, which go to :func:`kernel_log`)."""
+    from .opbuild import NOTEBOOK_ENV
+
+    os.environ[NOTEBOOK_ENV] = notebook.stem      # a launch of a script without a notebook prefix waits for its ops
+    log = kernel_log(notebook)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f:          # the kernel and what it starts inherit both
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
     o = execute(notebook, paths.build_dir() / "executed" / notebook.name, {"SMOKE": True} if smoke else None)
+    if not o.ok:       # the first line is what the report and the console show
+        first, _, rest = o.error.partition("\n")
+        o.error = f"{first} (kernel log: {paths.relative(log)})" + (f"\n{rest}" if rest else "")
     try:
         to_html(o.output, paths.build_dir() / "html")
     except Exception as e:  # a notebook that failed early may not render; the report still says why
@@ -160,10 +186,12 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     alone = {nb: why for nb in chosen if lanes > 1 and (why := runs_alone(nb))}   # notebook → why it runs alone
     earlier = previous_seconds(build / "report.md")
     queue = lane_order(chosen, alone, earlier)
-    estimate = earlier or progress.shipped_seconds()     # a first run: INSTRUCTORS.md's measured times
+    estimate = {**progress.shipped_seconds(), **earlier}     # INSTRUCTORS.md's measured times, then this machine's
     outcomes: list[Outcome] = []
     bar = progress.CourseBar(len(chosen))
-    builder, state, told = opbuild.start(), opbuild.read_state(), set()
+    builder, state, told, said = opbuild.start(), opbuild.read_state(), set(), {}
+    progress.say(f"{len(chosen)} notebooks, {lanes} at a time; each kernel's own log (outside its cells) goes to "
+                 f"{paths.relative(build / 'executed')}/<notebook>.kernel.log")
 
     def blocked(nb: Path) -> list:     # a notebook that runs alone compares timings: no compile beside it either
         loads = ops.ALL_OPS if nb in alone else ops.for_script(nb.stem, ops.ALL_OPS)
@@ -177,10 +205,9 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
         with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
             running: dict = {}      # future → (notebook, when it started)
             while queue or running:
-                now_state = opbuild.read_state()
-                for line in opbuild.news(state, now_state):
+                state = opbuild.read_state()
+                for line in opbuild.news(said, opbuild.raw_state() if builder else None):
                     progress.say(line)
-                state = now_state
                 while (nb := next_notebook(queue, [n for n, _ in running.values()], alone, lanes, blocked)) is not None:
                     queue.remove(nb)
                     progress.say(f"▶ notebook {len(chosen) - len(queue)} of {len(chosen)}: {nb.stem} (about "

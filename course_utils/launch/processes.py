@@ -68,9 +68,11 @@ def release_build_locks(since: float, folder: Path | None = None) -> list[Path]:
     launch's start, wall clock) are touched. Returns what was removed."""
     root = folder or Path(os.environ.get("TORCH_EXTENSIONS_DIR") or paths.torch_extensions_dir())
     removed = []
+    from ..opbuild import building_now     # the background op build's lock is its own, not the launch's
+    busy = building_now()
     for lock in root.glob("*/lock"):
         try:
-            if lock.stat().st_mtime >= since:
+            if lock.stat().st_mtime >= since and lock.parent.name != busy:
                 lock.unlink()
                 removed.append(lock)
         except OSError:

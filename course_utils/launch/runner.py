@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import hardware, paths
+from .. import hardware, opbuild, paths
 from . import commands as cmds
 from .environment import rank_environment
 from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
@@ -78,6 +78,7 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     hardware.detect()     # before the config check imports DeepSpeed: on a CPU machine it sets DS_ACCELERATOR,
     #                       which spares the notebook DeepSpeed's "Setting accelerator to CPU" warning
     script_path = cmds.resolve_script(script)
+    opbuild.wait_for_launch(script_path.stem, options.quiet)   # an op it loads still building in the background
     run_dir = cmds.new_run_dir(script_path, options.name)
     if options.config is not None and not options.precheck and not options.quiet:
         print("Config pre-check off (precheck=False): the config goes to DeepSpeed unchecked.", flush=True)

@@ -1,0 +1,167 @@
+"""The set-up's and the course's progress, and the background op build: which op first, the estimates, the
+one line a waiting launch prints, and that a stopped build leaves no process and no lock behind."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from course_utils import course, opbuild, ops, paths, progress
+
+
+def test_minutes_reads_like_an_estimate():
+    assert [progress.minutes(s) for s in (3, 41, 119, 121, 600)] == ["10 s", "50 s", "120 s", "3 min", "10 min"]
+    assert progress.clock(245) == "4 min 05 s"
+
+
+def test_time_left_splits_shared_notebooks_over_the_lanes_and_adds_those_that_run_alone():
+    estimate = {"a": 100, "b": 60, "c": 40, "z": 80}
+    left = progress.left_seconds(["c", "z"], {"a": 30, "b": 60}, estimate, alone={"z"}, lanes=2)
+    assert left == pytest.approx((70 + 6 + 40) / 2 + 80)         # b ran past its estimate: a tenth of it is left
+    assert progress.left_seconds([], {}, estimate, set(), 2) == 0
+
+
+def test_a_first_run_estimates_from_the_instructors_table(tmp_path):
+    guide = tmp_path / "INSTRUCTORS.md"
+    guide.write_text("| 00_setup_and_first_launch | 0 min 55 s * | 2 | 40 min |\n| 03_zero_stages | 2 min 44 s | 2 | 40 min |\n"
+                     "| **all, one after another** | 19 min 01 s | 26 | 8 h 20 min |\n")
+    assert progress.shipped_seconds(guide) == {"00_setup_and_first_launch": 55, "03_zero_stages": 164}
+    shipped = progress.shipped_seconds()
+    assert shipped and set(shipped) <= {nb.stem for nb in paths.NOTEBOOKS.glob("*.ipynb")}
+
+
+def test_set_up_builds_only_what_the_first_notebooks_load_and_the_rest_by_first_need():
+    assert [op.name for op in ops.first_ops(ops.COURSE_OPS["cpu"])] == ["deepspeed_shm_comm"]
+    assert ops.first_ops(ops.COURSE_OPS["cuda"]) == []
+    first_need = [min(op.notebooks or ("00",)).rstrip("+") for op in ops.COURSE_OPS["cpu"]]
+    assert first_need == sorted(first_need)
+    assert [op.name for op in ops.for_script("01_ring", ops.ALL_OPS)] == ["deepspeed_shm_comm"]
+    assert ops.for_script("my_own_script", ops.ALL_OPS) == list(ops.ALL_OPS)      # unknown: every op
+    assert [op.name for op in ops.for_script("12_adapters", ops.ALL_OPS)] == ["deepspeed_shm_comm", "fused_adam"]
+
+
+def _configs_named(text: str) -> set[str]:
+    return {name for name in re.findall(r"[\w.]+\.json", text) if (paths.CONFIGS / name).exists()}
+
+
+@pytest.mark.parametrize("notebook", sorted(paths.NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem[:2])
+def test_the_op_table_covers_every_offload_a_notebook_launches(notebook):
+    """A config a notebook or its script names with optimizer offload loads cpu_adam; with NVMe, async_io."""
+    nn = notebook.stem[:2]
+    scripts = "".join(p.read_text() for p in paths.SCRIPTS.glob(f"{nn}_*.py"))
+    zero = [json.loads((paths.CONFIGS / c).read_text()).get("zero_optimization", {})
+            for c in _configs_named(notebook.read_text() + scripts)]
+    devices = {(z.get(k) or {}).get("device") for z in zero for k in ("offload_optimizer", "offload_param")}
+    loads = {op.name for op in ops.for_script(notebook.stem, ops.ALL_OPS)}
+    if devices & {"cpu", "nvme"} or "offload_optimizer" in scripts:
+        assert "cpu_adam" in loads
+    if "nvme" in devices:
+        assert "async_io" in loads
+
+
+def _state(tmp_path: Path, building: str | None, done: dict, since: float | None = None) -> dict:
+    return {"pid": os.getpid(), "ops": ["fused_adam", "cpu_adam", "async_io"], "done": done, "building": building,
+            "since": time.time() if since is None else since}
+
+
+def test_pending_adds_the_ops_ahead_of_the_one_waited_for(tmp_path):
+    state = _state(tmp_path, "fused_adam", {}, since=time.time() - 30)
+    waits = dict(opbuild.pending(["async_io"], state))
+    rest = ops.FUSED_ADAM.seconds - 30 + ops.CPU_ADAM.seconds + ops.ASYNC_IO.seconds
+    assert waits["async_io"] == pytest.approx(rest, abs=2)
+    assert opbuild.pending(["fused_adam"], None) == []
+    assert opbuild.pending(["fused_adam"], _state(tmp_path, "cpu_adam", {"fused_adam": "built"})) == []
+
+
+def test_a_launch_that_loads_an_op_still_building_waits_with_one_line(tmp_path, capsys):
+    reads = iter([_state(tmp_path, "cpu_adam", {"fused_adam": "built"})] * 3 + [None] * 10)
+    waited = opbuild.wait_for(["cpu_adam"], "This launch (04_offload_ladder)", poll=0.01, read=lambda: next(reads))
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "cpu_adam" in out[0] and "about" in out[0] and "04_offload_ladder" in out[0]
+    assert waited > 0
+    assert opbuild.wait_for(["fused_adam"], "x", read=lambda: _state(tmp_path, "cpu_adam", {"fused_adam": "built"})) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_the_course_starts_a_notebook_whose_ops_are_built_before_one_that_waits():
+    a, b, c = Path("02_x.ipynb"), Path("06_y.ipynb"), Path("04_z.ipynb")
+    blocked = {a: [("fused_adam", 30)], b: [], c: []}
+    assert course.next_notebook([a, b, c], [], set(), 2, blocked.get) == b
+    assert course.next_notebook([a, c], [b], {c}, 2, blocked.get) is None        # c runs alone: not beside b
+    assert course.next_notebook([a], [b], set(), 1, lambda nb: []) is None
+
+
+def test_stopping_the_background_build_ends_its_process_group_and_releases_its_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '60'])  # course_utils.ops"],
+                            start_new_session=True)    # a stand-in build: its command line names the module
+    (tmp_path / "cpu_adam").mkdir()
+    (tmp_path / "cpu_adam" / "lock").touch()
+    opbuild.write_state(opbuild.state_file(), [ops.CPU_ADAM], {}, "cpu_adam", proc.pid)
+    assert opbuild.building_now() == "cpu_adam"
+    assert opbuild.stop(proc, grace=5)
+    assert proc.poll() is not None
+    assert not (tmp_path / "cpu_adam" / "lock").exists() and not opbuild.state_file().exists()
+    alive = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert alive == []
+    assert opbuild.read_state() is None and not opbuild.stop(proc)
+    opbuild.write_state(opbuild.state_file(), [ops.CPU_ADAM], {}, "cpu_adam", os.getpid())
+    assert opbuild.read_state() is None, "a live process that is no op build (a reused pid) is not waited for"
+
+
+def test_a_set_up_step_shows_what_to_act_on_and_logs_the_rest(tmp_path, capsys):
+    log = tmp_path / "setup.log"
+    noise = "echo 'debconf: delaying package configuration'; echo 'NOTE: install libaio-dev:'; echo '   sudo apt'"
+    assert progress.step("packages", ["sh", "-c", noise], log) == 0
+    out = capsys.readouterr().out
+    assert "set-up 1 of 5" in out and "about" in out and "NOTE: install libaio-dev" in out and "sudo apt" in out
+    assert "debconf" not in out and "debconf" in log.read_text()
+    assert progress.step("kernel", ["sh", "-c", "echo boom; exit 3"], log) == 3
+    assert "boom" in capsys.readouterr().out and "NOTE" in log.read_text()       # the log keeps the earlier step
+
+
+def test_a_background_build_whose_starter_is_killed_ends_with_its_compilers(tmp_path):
+    """``make course`` killed outright (no ``finally``) must not leave the build and its compilers running."""
+    child = ("import subprocess, time\nfrom course_utils import opbuild\nopbuild.end_with_parent(poll=0.1)\n"
+             "subprocess.run(['sleep', '60'])\n")
+    starter = (f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', {child!r}], "
+               "start_new_session=True)\nprint(p.pid, flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True, cwd=paths.ROOT)
+    group = int(parent.stdout.readline())
+    time.sleep(1)
+    assert subprocess.run(["pgrep", "-g", str(group)], capture_output=True).stdout.split()   # the build and its sleep
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and subprocess.run(["pgrep", "-g", str(group)], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-g", str(group)], capture_output=True).stdout == b""
+
+
+def test_estimates_follow_the_pace_of_the_ops_already_built():
+    pace = ops.Pace()
+    assert pace.factor == 1.0
+    pace.add(100, 250)
+    assert pace.factor == 2.5
+    pace.add(100, 50)
+    assert pace.factor == 1.5
+    state = {"pid": os.getpid(), "ops": ["cpu_adam"], "done": {}, "building": "cpu_adam", "since": time.time(),
+             "factor": 2.0}
+    assert opbuild.pending(["cpu_adam"], state)[0][1] == pytest.approx(2 * ops.CPU_ADAM.seconds, abs=1)
+
+
+def test_a_script_without_a_notebook_prefix_waits_for_the_ops_of_the_notebook_that_runs_it(monkeypatch, capsys):
+    state = {"pid": os.getpid(), "ops": ["cpu_adam", "async_io"], "done": {}, "building": "cpu_adam",
+             "since": time.time(), "factor": 1.0}
+    monkeypatch.setattr(opbuild, "read_state", lambda path=None: state)
+    monkeypatch.setattr(opbuild, "wait_for", lambda names, what, quiet=False: names)
+    monkeypatch.setenv(opbuild.NOTEBOOK_ENV, "08_trainer_integration")
+    assert "async_io" not in opbuild.wait_for_launch("trainer_template")
+    monkeypatch.delenv(opbuild.NOTEBOOK_ENV)
+    assert "async_io" in opbuild.wait_for_launch("trainer_template")
