@@ -1,6 +1,8 @@
 """The speed/memory ladder in one launch: stage 0 → 1 → 2 → 2+offload → 3 → 3+offload (and optionally
-NVMe, the client-optimizer case and stage-3 knobs), each with seconds per step, peak RSS and where the
-model states are: every tensor the engine holds, by the DeepSpeed structure holding it and its device.
+NVMe, the client-optimizer case and stage-3 knobs), each with seconds per step (split into forward + backward,
+the engine's step and the optimizer's own kernel) and where the model states are: every tensor the engine
+holds, by the DeepSpeed structure holding it, its device, and the side DeepSpeed placed it on (accelerator,
+host, or NVMe files).
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/04_offload_ladder.py --steps 3
 """
@@ -19,7 +21,7 @@ from deepspeed.accelerator import get_accelerator
 
 from course_utils.rank.engine import (LADDER, accelerator_bytes, ds_config, forward_backward, gathered_numel,
                                       nvme_offload, release, reset_accelerator_peak, training_dtype)
-from course_utils.rank.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, tensor_inventory
+from course_utils.rank.memory import locked_bytes, tensor_inventory
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
@@ -36,6 +38,7 @@ class Holding:
     device: str           # the tensors' device type: cpu, cuda, ...
     bytes: int
     tensors: int          # storages counted
+    side: str = "accelerator"   # where DeepSpeed placed it: accelerator | host (host_side_storages)
 
 
 @dataclass
@@ -46,18 +49,22 @@ class Rung(Record, name="rung"):
     dtype: str
     step_seconds: float           # median of the timed steps (forward + backward + step, no measuring)
     accelerator: str              # the accelerator's device type ("cuda"; "cpu" on a CPU-only machine)
-    model_state_bytes: int        # params + grads + optimizer states, wherever they are
+    model_state_bytes: int        # params + grads + optimizer states in memory, wherever they are
     device_bytes: int             # model states on tensors of the accelerator's device type
     host_bytes: int               # model states on "cpu" tensors when the accelerator is not the CPU (else 0)
-    held: list                    # Holding rows (as dicts): every state by structure and device
-    peak_rss: int                 # VmHWM since the rung began
-    rss_start: int                # VmRSS when the rung began
+    accelerator_side_bytes: int   # model states DeepSpeed placed on the accelerator (its own flags and structures)
+    host_side_bytes: int          # model states DeepSpeed placed in host memory (offload_optimizer / offload_param)
+    nvme_bytes: int               # bytes of this rank's swap files on disk (NVMe offload), else 0
+    held: list                    # Holding rows (as dicts): every state by structure, device and side
     accelerator_peak: int
     gathered_in_forward: int      # stage 3: most parameter elements gathered whole at a module's forward
     persistent_numel: int         # stage 3: elements of the parameters kept whole on every rank
     optimizer: str                # the torch optimizer class doing the step
     loss: float
     swap_files: list | None = None   # NVMe: the swap files found in the rank's folder
+    phases: dict | None = None       # median seconds: "forward + backward", "engine.step()", "optimizer kernel"
+    swap_buffers: dict | None = None  # NVMe: the page-locked host buffers the swappers allocated (swap_buffers())
+    locked_bytes: int = 0         # the rank's page-locked memory (Linux VmLck) while the engine lived
 
 
 def structure_name(path: str, engine_optimizer: str, inner_optimizer: str | None) -> str:
@@ -73,14 +80,59 @@ def structure_name(path: str, engine_optimizer: str, inner_optimizer: str | None
     return engine_optimizer + label[len("optimizer"):] if label.startswith("optimizer.") else label
 
 
-def holdings(inventory, engine_optimizer: str, inner_optimizer: str | None) -> list[Holding]:
-    """The inventory (:func:`tensor_inventory`) summed by (state, structure, device type), largest first."""
+def host_side_storages(engine) -> set[int]:
+    """The storages DeepSpeed itself put in host memory, found through its own flags and structures (so it holds
+    on a CPU-only machine too, where every tensor's device is "cpu"): with ``offload_optimizer`` the fp32
+    partitions, their gradients and the optimizer's state (stage_1_and_2.py: ``cpu_offload`` → ``self.device =
+    'cpu'``, with the buffers it allocates there; stage3.py: ``offload_optimizer`` → ``subgroup_to_device[i] =
+    'cpu'``, ``grad_partitions_flat_buffer`` on ``self.device``); with ``offload_param`` every parameter's shard
+    (``ds_tensor``)."""
+    opt = engine.optimizer
+    found = []
+    to_host = getattr(opt, "subgroup_to_device", {})
+    if getattr(opt, "cpu_offload", False):                               # stages 1 and 2
+        found += [(p, p.grad) for p in opt.single_partition_of_fp32_groups]
+        found += [(opt.temp_grad_buffer_for_cpu_offload, *opt.param_buffer_of_bit16_for_cpu_offload_groups,
+                   *opt.accumulated_grads_in_cpu.values())]
+    elif getattr(opt, "offload_optimizer", False):                       # stage 3
+        found += [(p, p.grad) for i, p in enumerate(opt.fp32_partitioned_groups_flat) if to_host.get(i) == "cpu"]
+        found.append((getattr(opt, "grad_partitions_flat_buffer", None),))
+    if found:
+        found += [tuple(state.values()) for state in opt.optimizer.state.values()]
+    if getattr(opt, "offload_param", False):
+        found += [(getattr(p, "ds_tensor", None),) for p in engine.module.parameters()]
+    return {t.untyped_storage().data_ptr() for group in found for t in group
+            if isinstance(t, torch.Tensor) and t.numel()}
+
+
+def swap_buffers(engine) -> dict | None:
+    """NVMe offload: the page-locked host buffers DeepSpeed's swappers stage every read and write through,
+    sized by the config, not the model (swap_tensor/partitioned_param_swapper.py: ``buffer_count`` ×
+    ``buffer_size`` elements; optimizer_utils.py: ``buffer_count`` × the largest swapped tensor)."""
+    params = next((p.nvme_swapper for p in engine.module.parameters() if getattr(p, "nvme_swapper", None)), None)
+    optimizer = getattr(engine.optimizer, "optimizer_swapper", None)
+    out = {}
+    if params is not None:
+        out["parameter swapper"] = {"buffers": params.param_buffer_count, "elements": params.aligned_elements_per_buffer,
+                                    "bytes": params.buffers.numel() * params.buffers.element_size()}
+    manager = getattr(optimizer, "swap_buffer_manager", None)
+    if manager is not None:
+        out["optimizer swapper"] = {"buffers": manager.count, "elements": manager.num_elems,
+                                    "bytes": sum(b.numel() * b.element_size() for b in manager.all_buffers)}
+    return out or None
+
+
+def holdings(inventory, engine_optimizer: str, inner_optimizer: str | None,
+             host_side: set[int] = frozenset()) -> list[Holding]:
+    """The inventory (:func:`tensor_inventory`) summed by (state, structure, device type, side), largest first;
+    ``host_side``: the storages DeepSpeed placed in host memory (:func:`host_side_storages`)."""
     rows: dict[tuple, Holding] = {}
     for e in inventory:
         module_buffer = e.category == "buffers" and e.path.startswith("module.")
         structure = "module buffer" if module_buffer else structure_name(e.path, engine_optimizer, inner_optimizer)
-        key = (e.category, structure, e.device.split(":")[0])
-        row = rows.setdefault(key, Holding(e.category, structure, key[2], 0, 0))
+        side = "host" if e.storage in host_side else "accelerator"
+        key = (e.category, structure, e.device.split(":")[0], side)
+        row = rows.setdefault(key, Holding(e.category, structure, key[2], 0, 0, side))
         row.bytes += e.nbytes
         row.tensors += 1
     order = MODEL_STATES + ("buffers",)
@@ -88,34 +140,50 @@ def holdings(inventory, engine_optimizer: str, inner_optimizer: str | None) -> l
 
 
 def make_rung(name: str, *, rank: int, dtype: str, step_times: list[float], held: list[Holding], accelerator: str,
-              rss_start: int, peak_rss: int, accelerator_peak: int, gathered_in_forward: int, persistent_numel: int,
-              optimizer: str, loss: float, swap_dir: str | None = None) -> Rung:
-    """The ``rung`` record from one rung's measurements: the median step time and the model-state bytes
-    by the device type of the tensors holding them (on a CPU-only machine the accelerator *is* the CPU:
-    every byte is on it, and ``host_bytes`` is 0)."""
+              accelerator_peak: int, gathered_in_forward: int, persistent_numel: int, optimizer: str, loss: float,
+              swap_dir: str | None = None, phases: dict | None = None, swap_buffers: dict | None = None,
+              locked: int = 0) -> Rung:
+    """The ``rung`` record from one rung's measurements: the median step time; the model-state bytes by the
+    device type of the tensors holding them (on a CPU-only machine the accelerator *is* the CPU: every byte is
+    on it, and ``host_bytes`` is 0), by the side DeepSpeed placed them on, and in swap files on disk."""
     states = [h for h in held if h.state in MODEL_STATES]
     on_device = sum(h.bytes for h in states if h.device == accelerator)
     on_host = sum(h.bytes for h in states if h.device == "cpu") if accelerator != "cpu" else 0
-    swap_files = (sorted(str(p.relative_to(swap_dir)) for p in Path(swap_dir).rglob("*.swp"))
-                  if swap_dir is not None else None)
+    files = sorted(Path(swap_dir).rglob("*.swp")) if swap_dir is not None else None
     return Rung(name=name, rank=rank, dtype=dtype, step_seconds=statistics.median(step_times), accelerator=accelerator,
                 model_state_bytes=sum(h.bytes for h in states), device_bytes=on_device, host_bytes=on_host,
-                held=[asdict(h) for h in held], peak_rss=peak_rss, rss_start=rss_start, accelerator_peak=accelerator_peak,
-                gathered_in_forward=gathered_in_forward, persistent_numel=persistent_numel, optimizer=optimizer,
-                loss=loss, swap_files=swap_files)
+                accelerator_side_bytes=sum(h.bytes for h in states if h.side == "accelerator"),
+                host_side_bytes=sum(h.bytes for h in states if h.side == "host"),
+                nvme_bytes=sum(f.stat().st_size for f in files or [] if f"rank{rank}" in f.parts),   # its own files
+                held=[asdict(h) for h in held],
+                accelerator_peak=accelerator_peak, gathered_in_forward=gathered_in_forward,
+                persistent_numel=persistent_numel, optimizer=optimizer, loss=loss,
+                swap_files=[str(f.relative_to(swap_dir)) for f in files] if files is not None else None,
+                phases=phases, swap_buffers=swap_buffers, locked_bytes=locked)
+
+
+def timed(optimizer, spent: list[float]) -> None:
+    """Wrap ``optimizer.step`` (the torch optimizer doing the arithmetic) so that each call adds its seconds
+    to ``spent``: the optimizer's own kernel, apart from the engine's copies and communication around it."""
+    step = optimizer.step
+
+    def timed_step(*args, **kwargs):
+        started = time.perf_counter()
+        out = step(*args, **kwargs)
+        spent.append(time.perf_counter() - started)
+        return out
+    optimizer.step = timed_step
 
 
 def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimizer=None,
         swap_dir: str | None = None) -> None:
-    """Build, warm up one step, time ``steps`` steps; record time, placement of bytes and peak RSS."""
+    """Build, warm up one step, time ``steps`` steps (and their phases); record time and placement of bytes."""
     config = ds_config(stage, dtype, **zero)
     if client_optimizer is not None:
         config.pop("optimizer")
         config["zero_force_ds_cpu_optimizer"] = False
     model = tiny_gpt2("zero_lab")
-    reset_peak_rss()
     reset_accelerator_peak()
-    rss_start = current_rss_bytes()
     optimizer = client_optimizer(model.parameters()) if client_optimizer else None
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
                                       optimizer=optimizer)
@@ -124,30 +192,39 @@ def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimi
     live = [0]          # stage 3: most parameter elements gathered whole when any module starts its forward
     hooks = [m.register_forward_pre_hook(lambda *_: live.__setitem__(0, max(live[0], gathered_numel(engine.module))))
              for m in engine.module.modules()] if stage == 3 else []
-    times = []
+    inner = getattr(engine.optimizer, "optimizer", None)      # the torch optimizer inside a ZeRO wrapper
+    kernel: list[float] = []
+    timed(inner if inner is not None else engine.optimizer, kernel)
+    times, phases = [], {"forward + backward": [], "engine.step()": [], "optimizer kernel": []}
     for step in range(1, steps + 1):
         start = time.perf_counter()
         loss = forward_backward(engine, step)
         backward_done = time.perf_counter()
         if step == steps:                       # measure where model states peak: after backward, before step
             inventory = tensor_inventory(engine)
+            host_side = host_side_storages(engine)
+        kernel.clear()
         step_start = time.perf_counter()
         engine.step()
-        times.append(backward_done - start + time.perf_counter() - step_start)
+        step_seconds = time.perf_counter() - step_start
+        times.append(backward_done - start + step_seconds)
+        for phase, seconds in zip(phases, (backward_done - start, step_seconds, sum(kernel))):
+            phases[phase].append(seconds)
     for h in hooks:
         h.remove()
-    inner = getattr(engine.optimizer, "optimizer", None)      # the torch optimizer inside a ZeRO wrapper
-    held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None else None)
+    held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None else None,
+                    host_side)
     rung = make_rung(name, rank=dist.get_rank(), dtype=dtype, step_times=times, held=held,
-                     accelerator=get_accelerator().device_name(), rss_start=rss_start, peak_rss=peak_rss_bytes(),
-                     accelerator_peak=accelerator_bytes()["peak"], gathered_in_forward=live[0],
+                     accelerator=get_accelerator().device_name(), accelerator_peak=accelerator_bytes()["peak"],
+                     gathered_in_forward=live[0],
                      persistent_numel=sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False)),
                      optimizer=type(inner if inner is not None else engine.optimizer).__name__, loss=loss,
-                     swap_dir=swap_dir)
+                     swap_dir=swap_dir, phases={k: statistics.median(v) for k, v in phases.items()},
+                     swap_buffers=swap_buffers(engine), locked=locked_bytes())
     record(rung)
-    rank0_print(f"{name:28s} {rung.step_seconds:6.3f} s/step  model states {rung.model_state_bytes / 2**20:7.1f} MiB "
-                f"({rung.accelerator} {rung.device_bytes / 2**20:.1f}, host {rung.host_bytes / 2**20:.1f})  "
-                f"peak RSS {rung.peak_rss / 2**20:7.1f} MiB")
+    rank0_print(f"{name:28s} {rung.step_seconds:6.3f} s/step  model states: accelerator side "
+                f"{rung.accelerator_side_bytes / 2**20:6.1f} MiB, host side {rung.host_side_bytes / 2**20:6.1f} MiB, "
+                f"NVMe files {rung.nvme_bytes / 2**20:6.1f} MiB")
     release(engine)
 
 

@@ -16,6 +16,7 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/11_performance.py --deepspe
 import argparse
 import copy
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,10 +72,12 @@ class Activation(Record, name="activation"):
 
 @dataclass
 class Recompute(Record, name="recompute"):
-    """Median seconds of a forward + backward pass (no tracker), per checkpointing setting."""
+    """Forward + backward passes (no tracker) per checkpointing setting, interleaved over ``repeats`` rounds
+    (:func:`perf.interleaved_passes`): the median seconds, and every pass's forward, backward and page faults."""
     seq_len: int
     batch: int
-    seconds: dict
+    seconds: dict                    # setting → median seconds of a whole pass
+    passes: dict = field(default_factory=dict)   # setting → {"forward": [s], "backward": [s], "minor_faults": [n]}
 
 
 @dataclass
@@ -168,11 +171,9 @@ def run_activations(base: dict, seq_lens: list[int], batches: list[int], hidden:
     perf.set_checkpointing(model, "deepspeed", base)
     m = perf.activation_memory(model, ids)
     record(Activation("deepspeed", seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak))
-    seconds = {}
-    for how in timed:
-        perf.set_checkpointing(model, how, base)
-        seconds[how] = perf.timed_pass(model, ids, repeats)
-    record(Recompute(seq, batch, seconds))
+    passes = perf.interleaved_passes(model, ids, timed, repeats, base)
+    seconds = {how: statistics.median(f + b for f, b in zip(p["forward"], p["backward"])) for how, p in passes.items()}
+    record(Recompute(seq, batch, seconds, passes))
     rank0_print(f"activations of {batch} × {seq} tokens measured; a pass takes {seconds['off']:.2f} s, "
                 f"{seconds['hf']:.2f} s with checkpointing")
 
@@ -226,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq_lens", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--hidden", type=int, nargs=2, default=[96, 3], help="a point measured for exercise 2")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per checkpointing setting")
+    parser.add_argument("--repeats", type=int, default=4, help="timed passes per checkpointing setting (interleaved)")
     parser.add_argument("--timed", nargs="+", default=["off", "hf", "deepspeed"], help="checkpointing settings to time")
     parser.add_argument("--time_at", type=int, nargs=2, default=None,
                         help="sequence length and batch of the timed passes and of deepspeed.checkpointing's (default: the largest)")

@@ -1,6 +1,10 @@
 """Notebook 11 executed with papermill: the same updates under gradient accumulation, activation memory with and
 without checkpointing, the flops profiler's count against GPT-2's matmuls, MFU, the step's time split, the monitor's
 files and the stacks of a hung launch, asserted against what they must be."""
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 
 from conftest import run_notebook
@@ -31,10 +35,15 @@ def test_notebook_runs_and_records_its_figures():
     assert max(per_token.values()) / min(per_token.values()) < 1.01, per_token
     assert act["deepspeed"] and all(v == act["hf"][k] for k, v in act["deepspeed"].items())
     assert m["pass_peak_bytes"]["hf"] <= m["pass_peak_bytes"]["off"]     # equal while gradients and logits dominate
+    # the timed passes: every setting timed in each interleaved round, their spread shown
+    timing = {r["checkpointing"]: r for r in m["recompute_timing"]}
+    assert {"off", "hf"} <= set(timing) and len({r["passes"] for r in timing.values()}) == 1
+    assert all(0 < r["min ms"] <= r["median ms"] <= r["max ms"] for r in timing.values())
 
     # 3 · the profiler's forward count covers GPT-2's matmuls, plus a few percent of elementwise ops; MFU < 1
     assert m["fwd_flops_by_hand"] <= m["fwd_flops"] <= 1.05 * m["fwd_flops_by_hand"]
-    assert m["flops_per_step"] == 3 * m["fwd_flops"]
+    # the FLOPs of a step as this notebook's MFU counts them and as DeepSpeed's profile says (its printed factor)
+    assert m["flops_per_step"] == m["deepspeed_flops_per_step"]
     assert 0 < m["mfu"] < 1
 
     # 4 · the engine's timers add up to the clock around forward + backward + step
@@ -61,3 +70,18 @@ def test_gpt2_matmul_count_matches_the_layers():
     p = PRESETS["zero_lab"]
     assert perf.gpt2_matmul_flops(p.n_layer, p.n_embd, p.vocab_size, 2, 16) == \
         2 * perf.gpt2_matmul_flops(p.n_layer, p.n_embd, p.vocab_size, 1, 16)
+
+
+def test_deepspeed_step_factor_reads_the_line_the_pinned_profiler_prints():
+    """The factor is read from the profile DeepSpeed wrote; its line is built here from the installed source's own
+    format string, so a change of wording in DeepSpeed fails this test rather than the notebook."""
+    spec = importlib.util.find_spec("deepspeed")
+    source = (Path(next(iter(spec.submodule_search_locations))) / "profiling/flops_profiler/profiler.py").read_text()
+    template = re.search(r"f'(FLOPS per GPU = \{bwd_factor \+ 1:g\} \* fwd flops per GPU / iter latency: )'", source)
+    assert template, "profiler.py no longer prints 'FLOPS per GPU = {bwd_factor + 1:g} * fwd flops per GPU / iter latency'"
+    for recompute_fwd_factor in (0.0, 1.0):
+        bwd_factor = 2 + recompute_fwd_factor
+        line = template.group(1).replace("{bwd_factor + 1:g}", f"{bwd_factor + 1:g}") + "   2.08 GFLOPS"
+        assert perf.deepspeed_step_factor(line) == 3 + recompute_fwd_factor
+    with pytest.raises(ValueError, match="wall_clock_breakdown"):
+        perf.deepspeed_step_factor("fwd flops per GPU: 3.56 G")

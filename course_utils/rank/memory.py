@@ -1,5 +1,5 @@
 """What a rank's engine holds, measured: every tensor storage once, sorted into parameters, gradients,
-optimizer states or buffers, where it lives, and the process's resident memory.
+optimizer states or buffers, where it lives, and the process's page-locked memory.
 
 :func:`tensor_inventory` walks what an engine (its module, its ZeRO optimizer and the torch optimizer
 inside) actually holds, follows every tensor to its storage, counts each storage once and sorts it by
@@ -23,6 +23,7 @@ class TensorEntry:
     numel: int          # elements of the whole storage
     nbytes: int         # bytes of the whole storage
     device: str
+    storage: int = 0    # the storage's address: which structure DeepSpeed placed it in can be told by identity
 
 
 def _category(path: str) -> str:
@@ -94,7 +95,7 @@ def tensor_inventory(engine: Any) -> list[TensorEntry]:
         old = found.get(key)
         if old is None or _PRIORITY[cat] < _PRIORITY[old.category]:
             found[key] = TensorEntry(path, cat, str(t.dtype).replace("torch.", ""),
-                                     storage.nbytes() // t.element_size(), storage.nbytes(), str(t.device))
+                                     storage.nbytes() // t.element_size(), storage.nbytes(), str(t.device), key)
 
     seen: set[int] = set()
     module = engine.module
@@ -119,27 +120,17 @@ def model_state_bytes(inventory: list[TensorEntry], device: str | None = None) -
     return out
 
 
-# ---------------------------------------------------------------- the process's resident memory (Linux)
-
-def reset_peak_rss() -> None:
-    """Reset this process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets VmHWM)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
+# ---------------------------------------------------------------- the process's memory (Linux)
 
 def _status_bytes(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {key} line: RSS measurements need Linux.")
+    raise RuntimeError(f"/proc/self/status has no {key} line: this measurement needs Linux.")
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size since the last :func:`reset_peak_rss` (VmHWM)."""
-    return _status_bytes("VmHWM")
-
-
-def current_rss_bytes() -> int:
-    """Resident set size now (VmRSS)."""
-    return _status_bytes("VmRSS")
+def locked_bytes() -> int:
+    """Page-locked (``mlock``-ed) memory of this process now (VmLck): pinned host buffers that can never be
+    swapped out, such as the staging buffers of DeepSpeed's NVMe swappers."""
+    return _status_bytes("VmLck")

@@ -79,18 +79,31 @@ def activation_memory(model, ids) -> ActivationMemory:
     return ActivationMemory(after_forward, _by_category(tracker.get_tracker_snapshot("peak"), ids.device), seconds)
 
 
-def timed_pass(model, ids, repeats: int = 3) -> float:
-    """Median seconds of a forward and backward pass (no tracker), after one warm-up pass."""
-    import statistics
+def interleaved_passes(model, ids, settings: list[str], repeats: int, deepspeed_config: dict | None = None) -> dict:
+    """Forward + backward passes of ``model`` on ``ids`` under each checkpointing setting, interleaved (A B C A B
+    C …, ``repeats`` rounds after one warm-up round), so that a slow moment of the machine falls on every
+    setting alike. Per setting, one list entry per timed pass: ``forward`` and ``backward`` seconds (the backward
+    of a checkpointed block runs its forward again) and ``minor_faults``, the page faults the pass took
+    (``getrusage``: memory the allocator had to get fresh from the kernel and touch for the first time)."""
+    import resource
 
-    times = []
-    for i in range(repeats + 1):
-        started = time.perf_counter()
-        model(input_ids=ids, labels=ids).loss.backward()
-        if i:
-            times.append(time.perf_counter() - started)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    out = {how: {"forward": [], "backward": [], "minor_faults": []} for how in settings}
+    for round_ in range(repeats + 1):
+        for how in settings:
+            set_checkpointing(model, how, deepspeed_config)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            started = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            forward_done = time.perf_counter()
+            loss.backward()
+            ended = time.perf_counter()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            model.zero_grad(set_to_none=True)
+            if round_:
+                for key, value in (("forward", forward_done - started), ("backward", ended - forward_done),
+                                   ("minor_faults", faults)):
+                    out[how][key].append(value)
+    return out
 
 
 def set_checkpointing(model, how: str, deepspeed_config: dict | None = None) -> None:

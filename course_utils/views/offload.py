@@ -23,92 +23,107 @@ def ladder_prediction(num_params: int, world_size: int, dtype: str) -> dict[str,
             for name, (stage, zero) in LADDER.items()}
 
 
+SIDES = ("accelerator", "host")
+
+
 def by_state_and_device(row: dict) -> dict[str, dict[str, int]]:
     """One rung's measured model-state bytes: {state: {device type: bytes}} (from ``row["held"]``)."""
+    return _by_state(row, "device")
+
+
+def by_state_and_side(row: dict) -> dict[str, dict[str, int]]:
+    """One rung's measured model-state bytes: {state: {side DeepSpeed placed them on: bytes}}."""
+    return _by_state(row, "side")
+
+
+def _by_state(row: dict, key: str) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {s: {} for s in MODEL_STATES}
     for h in row["held"]:
         if h["state"] in out:
-            out[h["state"]][h["device"]] = out[h["state"]].get(h["device"], 0) + h["bytes"]
+            out[h["state"]][h[key]] = out[h["state"]].get(h[key], 0) + h["bytes"]
     return out
 
 
-def host_side_states(row: dict) -> list[str]:
-    """The model states one rung holds in the structures of an optimizer step that runs on the host:
-    ``optimizer`` when Adam's moments are in a ``DeepSpeedCPUAdam``'s ``state`` (its C++ kernel works on
-    host memory only), ``grads`` when the gradient partition is the ``.grad`` of the optimizer's fp32
-    partition (the buffer the host-side step reads) rather than the module's ``param.grad`` or the
-    engine's own gradient buffers. Read from the structures, so it holds on a CPU-only machine too."""
-    found = set()
-    for h in row["held"]:
-        if h["state"] == "optimizer" and h["structure"].startswith("DeepSpeedCPUAdam.state"):
-            found.add("optimizer")
-        if h["state"] == "grads" and h["structure"].endswith(".grad") and not h["structure"].startswith("module"):
-            found.add("grads")
-    return sorted(found)
+def ladder_table(rows: list[dict]):
+    """Per rung: seconds per step and its phases, and the model states by where DeepSpeed put them (MiB)."""
+    import pandas as pd
+
+    MiB = 2**20
+    return pd.DataFrame([{"rung": r["name"], "s/step": r["step_seconds"],
+                          **{f"{k} (s)": v for k, v in (r["phases"] or {}).items()},
+                          "accelerator side (MiB)": r["accelerator_side_bytes"] / MiB,
+                          "host side (MiB)": r["host_side_bytes"] / MiB, "NVMe files (MiB)": r["nvme_bytes"] / MiB,
+                          "optimizer": r["optimizer"]} for r in rows]).set_index("rung").round(3)
 
 
 def placement_comparison(rows: list[dict]):
-    """Per rung and model state: where :mod:`zero_rules` says the config puts it (``predicted``), the
-    bytes measured on the accelerator's device type and on the host apart from it (MiB), and whether
-    the state sits in the structures of a host-side optimizer step (:func:`host_side_states`; None for the
-    parameters, whose stage-3 shards are ``ds_tensor`` wherever they live)."""
+    """Per rung and model state: where :mod:`zero_rules` says the config puts it (``predicted``) beside where
+    DeepSpeed put it (MiB on each side, read from its structures: ``side`` of ``row["held"]``) and, where the
+    accelerator is not the CPU, the MiB on the accelerator's own device type (the tensors' devices)."""
     import pandas as pd
 
     out = []
     for r in rows:
-        zero = LADDER[r["name"]][1]
-        measured = by_state_and_device(r)
-        predicted = placement({s: 1 for s in MODEL_STATES}, zero)
-        host_side = host_side_states(r)
+        predicted = placement({s: 1 for s in MODEL_STATES}, LADDER[r["name"]][1])
+        sides, devices = by_state_and_side(r), by_state_and_device(r)
         for s in MODEL_STATES:
-            on = measured[s].get(r["accelerator"], 0)
-            out.append({"rung": r["name"], "state": s, "predicted": "host" if predicted[s]["host"] else "accelerator",
-                        f"measured on {r['accelerator']} (MiB)": on / 2**20,
-                        "measured on host apart from it (MiB)": (sum(measured[s].values()) - on) / 2**20,
-                        "in host-side optimizer structures": s in host_side if s != "params" else None})
+            row = {"rung": r["name"], "state": s, "predicted": "host" if predicted[s]["host"] else "accelerator",
+                   **{f"{side} side (MiB)": sides[s].get(side, 0) / 2**20 for side in SIDES}}
+            if r["accelerator"] != "cpu":
+                row[f"on {r['accelerator']} tensors (MiB)"] = devices[s].get(r["accelerator"], 0) / 2**20
+            out.append(row)
     return pd.DataFrame(out).set_index(["rung", "state"]).round(2)
 
 
 def held_table(rows: list[dict], min_bytes: int = 64 * 1024):
-    """Every rung's states by the structure holding them: MiB per device type (columns); structures
-    holding less than ``min_bytes`` (scalars such as ``_global_grad_norm``) are left out."""
+    """Every rung's states by the structure holding them: MiB per side DeepSpeed placed them on and device
+    type (columns); structures holding less than ``min_bytes`` (scalars such as ``_global_grad_norm``) are left out."""
     import pandas as pd
 
-    flat = [{"rung": r["name"], **h} for r in rows for h in r["held"] if h["bytes"] >= min_bytes]
-    table = pd.DataFrame(flat).pivot_table(index=["rung", "state", "structure"], columns="device", values="bytes",
+    flat = [{"rung": r["name"], **h, "where": f"{h['side']} side ({h['device']})"} for r in rows for h in r["held"]
+            if h["bytes"] >= min_bytes]
+    table = pd.DataFrame(flat).pivot_table(index=["rung", "state", "structure"], columns="where", values="bytes",
                                            aggfunc="sum", sort=False) / 2**20
     return table.round(2).fillna(0)
 
 
+def falls_along(rows: list[dict]) -> list[tuple[str, str, str, bool]]:
+    """Each offload rung against the rung it extends: the accelerator-side bytes of 2 + offload vs 2 and of
+    3 + offload vs 3, the host-side bytes of NVMe vs 3 + offload; (rung, base, the bytes compared, whether
+    they are lower on the rung)."""
+    by_name = {r["name"]: r for r in rows}
+    pairs = [("stage 2 + offload", "stage 2", "accelerator_side_bytes"),
+             ("stage 3 + offload", "stage 3", "accelerator_side_bytes"),
+             ("stage 3 + NVMe", "stage 3 + offload", "host_side_bytes")]
+    return [(rung, base, key, by_name[rung][key] < by_name[base][key]) for rung, base, key in pairs
+            if rung in by_name and base in by_name]
+
+
 def plot_ladder(rows: list[dict]):
-    """Seconds per step, model-state bytes by state (solid: on the accelerator's device type, hatched:
-    in host memory apart from it) and peak RSS along the ladder."""
+    """Seconds per step split into its phases, and the model-state bytes per rank by where DeepSpeed put them
+    (accelerator side, host side, NVMe files) along the ladder."""
     import matplotlib.pyplot as plt
 
     names = [r["name"] for r in rows]
     x = range(len(rows))
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 3.8))
-    a.bar(x, [r["step_seconds"] for r in rows], color="#4C72B0")
-    a.set_title("seconds per step (median)")
-    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 3.8))
     bottom = [0.0] * len(rows)
-    split = rows[0]["accelerator"] != "cpu"        # a CPU-only machine has no host memory apart from the "accelerator"
-    for state, color in colors.items():
-        for where in ("accelerator", "host") if split else ("accelerator",):
-            vals = []
-            for r in rows:
-                devices = by_state_and_device(r)[state]
-                on = devices.get(r["accelerator"], 0)
-                vals.append((on if where == "accelerator" else sum(devices.values()) - on) / 2**20)
-            b.bar(x, vals, bottom=bottom, color=color, hatch="///" if where == "host" else None, edgecolor="white",
-                  label=f"{state}" + (" (host)" if where == "host" else ""))
-            bottom = [p + v for p, v in zip(bottom, vals)]
-    b.set_title(f"model states per rank (MiB): on {rows[0]['accelerator']}" + (", host hatched" if split else ""),
-                fontsize=9)
+    for phase, color in (("forward + backward", "#4C72B0"), ("engine.step()", "#DD8452")):
+        vals = [(r["phases"] or {}).get(phase, 0.0) for r in rows]
+        a.bar(x, vals, bottom=bottom, color=color, label=phase)
+        bottom = [p + v for p, v in zip(bottom, vals)]
+    a.set_title("seconds per step (median), by phase")
+    a.legend(fontsize=7)
+    bottom = [0.0] * len(rows)
+    for key, label, style in (("accelerator_side_bytes", "accelerator side", dict(color="#4C72B0")),
+                              ("host_side_bytes", "host side", dict(color="#55A868", hatch="///")),
+                              ("nvme_bytes", "NVMe files", dict(color="#8172B2", hatch="..."))):
+        vals = [r[key] / 2**20 for r in rows]
+        b.bar(x, vals, bottom=bottom, edgecolor="white", label=label, **style)
+        bottom = [p + v for p, v in zip(bottom, vals)]
+    b.set_title("model states per rank (MiB), by where DeepSpeed put them", fontsize=9)
     b.legend(fontsize=7)
-    c.bar(x, [r["peak_rss"] / 2**20 for r in rows], color="#55A868")
-    c.set_title("peak RSS per rank (MiB)")
-    for ax in (a, b, c):
+    for ax in (a, b):
         ax.set_xticks(list(x), names, rotation=35, ha="right", fontsize=8)
     fig.tight_layout()
     return fig

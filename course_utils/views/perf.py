@@ -50,6 +50,21 @@ def measured_activation(records: list[dict], checkpointing: str, seq_len: int, b
                 if (a.checkpointing, a.seq_len, a.batch) == (checkpointing, seq_len, batch))
 
 
+def recompute_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """Rank 0's interleaved passes per checkpointing setting: min / median / max of the whole pass, median
+    forward and backward (ms), and the median page faults of a pass."""
+    recompute = read_as(records, script().Recompute)[0]
+    rows = []
+    for how, p in recompute.passes.items():
+        total = [1e3 * (f + b) for f, b in zip(p["forward"], p["backward"])]
+        rows.append({"checkpointing": how, "passes": len(total), "min ms": min(total),
+                     "median ms": statistics.median(total), "max ms": max(total),
+                     "forward ms (median)": 1e3 * statistics.median(p["forward"]),
+                     "backward ms (median)": 1e3 * statistics.median(p["backward"]),
+                     "page faults per pass (median)": statistics.median(p["minor_faults"])})
+    return rows
+
+
 def plot_activations(rows: list[dict], model_states_bytes: int, world_size: int):
     """Activation memory against tokens per micro-batch, without and with checkpointing, beside the model states
     a rank holds (the profiled ZeRO-1 engine)."""
@@ -90,10 +105,27 @@ def step_seconds(records: list[dict]) -> float:
 
 
 def mfu(fwd_flops: int, seconds: float, peak_flops_per_s: float, recompute: float = 0.0) -> dict[str, float]:
-    """Model FLOPs utilization, as DeepSpeed's profiler counts a step: (3 + recompute) × forward FLOPs (the
-    backward pass costs about twice the forward), over the step's time, over this rank's measured peak."""
-    achieved = (3 + recompute) * fwd_flops / seconds
-    return {"achieved FLOP/s": achieved, "peak FLOP/s": peak_flops_per_s, "MFU": achieved / peak_flops_per_s}
+    """Model FLOPs utilization: the FLOPs of a training step, (3 + recompute) × forward FLOPs (the backward pass
+    does about twice the forward's multiplications; ``recompute`` more forward passes with activation
+    checkpointing), over the step's time, over this rank's measured peak."""
+    per_step = (3 + recompute) * fwd_flops
+    achieved = per_step / seconds
+    return {"FLOPs per step": per_step, "achieved FLOP/s": achieved, "peak FLOP/s": peak_flops_per_s,
+            "MFU": achieved / peak_flops_per_s}
+
+
+_STEP_FACTOR = re.compile(r"FLOPS per GPU = ([\d.]+) \* fwd flops per GPU / iter latency")
+
+
+def deepspeed_step_factor(profile_text: str) -> float:
+    """How many forward passes' FLOPs DeepSpeed's flops profiler counts per training step, read from what it
+    wrote (profiler.py, with ``wall_clock_breakdown``: "FLOPS per GPU = <2 + recompute_fwd_factor + 1> * fwd
+    flops per GPU / iter latency")."""
+    found = _STEP_FACTOR.search(profile_text)
+    if found is None:
+        raise ValueError("the profile has no 'FLOPS per GPU = k * fwd flops per GPU / iter latency' line: "
+                         "it is printed only with \"wall_clock_breakdown\": true")
+    return float(found.group(1))
 
 
 # ---------------------------------------------------------------- 4 · where a step's time goes
