@@ -136,3 +136,34 @@ def plot_engine_lr(run: Any):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# Exercise 2: a curve drawn by DeepSpeed's DynamicLossScaler from an fp16 section the notebook does not show
+TARGET_OVERFLOWS = [c == "o" for c in "fffffofffofofffffooofffffffofff"]
+_TARGET_FP16 = {"loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 4, "hysteresis": 3,
+                "consecutive_hysteresis": True, "min_loss_scale": 1}
+SCALER_KEYS = ("initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale")
+
+
+def scale_curve(fp16: dict, overflows: list[bool]) -> list[float]:
+    """The loss scale before each step of DeepSpeed's own ``DynamicLossScaler``, built from the ``fp16`` section
+    as the ZeRO optimizer builds it (``scaler_for`` in scripts/06_mixed_precision.py), given which steps overflowed.
+
+    ``update_scale`` asks ``deepspeed.comm`` for the rank only to decide which rank logs the overflow; this kernel
+    has no process group, so it is told rank 0 and its log lines are left out."""
+    from unittest import mock
+
+    from deepspeed.runtime.fp16 import loss_scaler
+
+    scaler = scripts.load("06_mixed_precision").scaler_for({**fp16, "loss_scale": 0})
+    scales = []
+    with mock.patch.object(loss_scaler.dist, "get_rank", return_value=0), mock.patch.object(loss_scaler.logger, "info"):
+        for overflow in overflows:
+            scales.append(float(scaler.loss_scale))
+            scaler.update_scale(overflow)
+    return scales
+
+
+def target_scale_curve() -> tuple[list[bool], list[float]]:
+    """Exercise 2's target: the overflow flags and the scale curve DeepSpeed's scaler drew from them."""
+    return TARGET_OVERFLOWS, scale_curve(_TARGET_FP16, TARGET_OVERFLOWS)
