@@ -203,7 +203,7 @@ class AdapterState(Record, name="adapter_state"):
 # ---------------------------------------------------------------- files every rank reads, and what ZeRO-3 holds
 
 @dataclass
-class Zero3Load(Record, name="zero3_load"):
+class Zero3Load(Record, name="adapter_zero3_load"):
     """What one rank holds of the model at a point of loading it under ZeRO-3 (elements)."""
     rank: int
     phase: str
@@ -217,7 +217,7 @@ class Zero3Load(Record, name="zero3_load"):
 
 
 @dataclass
-class Saved(Record, name="saved"):
+class Saved(Record, name="adapter_saved"):
     """An adapter folder rank 0 wrote, and what peft warned while writing it."""
     label: str
     folder: str
