@@ -1,15 +1,18 @@
 """A classic DeepSpeed lab's translation fine-tune, on the HF Seq2SeqTrainer with DeepSpeed (ZeRO-2/3, CPU offload).
 
 By default it trains a tiny T5 from scratch on the course's synthetic language pair (prepared by
-``course_utils.rank.translation.prepare``); with ``--model_name t5-small --dataset_name wmt16`` it runs the
-that lab's real setup (needs the Hugging Face hub). BLEU (sacrebleu) is measured before and after training.
+``course_utils.rank.translation.prepare``); with ``--model_name t5-small --dataset_name wmt16`` it runs
+that lab's real setup (needs the Hugging Face hub). BLEU (sacrebleu) is measured before training (rank 0, plain
+transformers) and after every epoch (the Trainer's evaluation, eval_strategy="epoch"), with the seconds of each
+evaluation and of every optimizer step, so that two runs (ZeRO-2, ZeRO-3) can be compared at the same step.
 
 Run from a terminal:
-  deepspeed --num_gpus 2 scripts/10_translation.py --data build/data/translation_6000_200_0 \
-      --output_dir build/translation --deepspeed_config configs/trainer_zero2_offload.json
+  deepspeed --num_gpus 2 scripts/10_translation.py --data build/data/translation_4000_120_0_<language> \
+      --epochs 7 --max_length 24 --output_dir build/translation --deepspeed_config configs/10_zero2_offload.json
 """
 import argparse
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +31,16 @@ class Generation(Record, name="generation"):
     batch_size: int               # examples per rank: one evaluation batch each
     max_length: int               # the bound on the whole output (generation_max_length)
     examples: int                 # evaluation examples translated (a multiple of the world size)
+
+
+@dataclass
+class Evaluation(Record, name="evaluation"):
+    """One evaluation of the model during or after training: BLEU and how long generating the translations took."""
+    epoch: float                  # the Trainer's epoch counter when it evaluated (1.0 = after the first epoch)
+    step: int                     # optimizer steps taken by then
+    bleu: float                   # corpus BLEU (sacrebleu) of the greedy translations of the evaluation examples
+    seconds: float                # the Trainer's evaluation runtime: generation on every rank, then BLEU
+    examples: int                 # evaluation examples (over every rank)
 
 
 @dataclass
@@ -80,6 +93,25 @@ class StopEarly(TrainerCallback):
         return control
 
 
+class Clock(TrainerCallback):
+    """Seconds of every optimizer step (forward, backward and the optimizer's step; no evaluation inside) and,
+    at each evaluation, an :class:`Evaluation` record: what a like-for-like comparison of two runs reads."""
+
+    def __init__(self, examples: int):
+        self.examples, self.step_seconds, self._started = examples, [], 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_seconds.append(time.perf_counter() - self._started)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        prefix = next(k[:-len("_bleu")] for k in metrics if k.endswith("_bleu"))
+        record(Evaluation(epoch=round(state.epoch or 0.0, 4), step=state.global_step, bleu=metrics[f"{prefix}_bleu"],
+                          seconds=metrics[f"{prefix}_runtime"], examples=self.examples))
+
+
 def first(split, n: int | None):
     """The first ``n`` examples of a split (all of them when ``n`` is None)."""
     return split.select(range(min(n, len(split)))) if n else split
@@ -111,10 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop_after_steps", type=int, default=None,
                         help="end training after this many optimizer steps (the schedule stays that of the whole run)")
     parser.add_argument("--logging_steps", type=int, default=20, help="log the training loss every this many steps")
-    parser.add_argument("--skip_bleu_before", action="store_true", help="do not score the untrained model")
     parser.add_argument("--batch_size", type=int, default=32, help="per device")
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--learning_rate", type=float, default=3e-3)
+    parser.add_argument("--warmup_steps", type=int, default=30)
     parser.add_argument("--max_length", type=int, default=64)
     return parser
 
@@ -141,7 +172,7 @@ def main(argv=None) -> None:
         record("translations", texts)
         return {"bleu": tr.bleu(texts, references[:len(texts)])}
 
-    if int(os.environ.get("RANK", 0)) == 0 and not args.skip_bleu_before:
+    if int(os.environ.get("RANK", 0)) == 0:
         # The Trainer's evaluate() before train() takes DeepSpeed's inference path, which accepts ZeRO-3 only
         # (and drops the optimizer from the config): so the untrained model is scored with plain transformers.
         sources = [args.source_prefix + ex[args.source_lang] for ex in eval_raw["translation"]]
@@ -153,21 +184,26 @@ def main(argv=None) -> None:
         Seq2SeqTrainingArguments, output_dir=args.output_dir, deepspeed=args.deepspeed_config,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=eval_batch,
         num_train_epochs=args.epochs, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-        weight_decay=0.0, max_grad_norm=1.0, logging_steps=args.logging_steps, save_strategy="no", eval_strategy="no",
+        weight_decay=0.0, max_grad_norm=1.0, logging_steps=args.logging_steps, save_strategy="no", eval_strategy="epoch",
         predict_with_generate=True, generation_max_length=args.max_length, generation_num_beams=1, seed=0)
+    clock = Clock(len(eval_raw))
     trainer = Seq2SeqTrainer(model=model, args=targs, train_dataset=train_set, eval_dataset=eval_set,
                              data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
                              processing_class=tokenizer, compute_metrics=compute_metrics,
-                             callbacks=[StopEarly(args.stop_after_epochs or None, args.stop_after_steps or None)])
+                             callbacks=[StopEarly(args.stop_after_epochs or None, args.stop_after_steps or None),
+                                        clock])
 
-    result = trainer.train()
+    result = trainer.train()                 # evaluates (BLEU) at the end of every epoch: eval_strategy="epoch"
     record("loss", [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e])
-    record("train_seconds", result.metrics["train_runtime"])
+    record("train_seconds", result.metrics["train_runtime"])      # the whole train(), evaluations included
+    record("step_seconds", clock.step_seconds)
     record("steps", trainer.state.global_step)
     record(engine_setup(trainer.deepspeed))
-    after = trainer.evaluate(metric_key_prefix="after")
-    rank0_print(f"BLEU after training: {after['after_bleu']:.2f}")
-    record("bleu_after", after["after_bleu"])
+    evaluated = [e for e in trainer.state.log_history if "eval_bleu" in e]
+    if not evaluated or evaluated[-1]["step"] != trainer.state.global_step:    # stopped inside an epoch
+        evaluated.append(trainer.evaluate())
+    rank0_print(f"BLEU after training: {evaluated[-1]['eval_bleu']:.2f}")
+    record("bleu_after", evaluated[-1]["eval_bleu"])
     trainer.deepspeed.save_checkpoint(str(Path(args.output_dir) / "checkpoint"))   # the ZeRO checkpoint, for zero_to_fp32
     trainer.save_model(str(Path(args.output_dir) / "model"))      # ZeRO-3: gathers (stage3_gather_16bit_weights_on_model_save)
     record("world_size", targs.world_size)

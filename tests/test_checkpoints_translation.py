@@ -90,7 +90,7 @@ def test_converters_ship_with_deepspeed():
 def test_synthetic_language_reorders_and_agrees():
     lex = tr.Lexicon.build(0)
     sizes = lex.vocabulary_sizes()
-    assert 80 <= sizes["source_words"] <= 1000
+    assert 40 <= sizes["source_words"] <= 1000
     rng = random.Random(0)
     for _ in range(50):
         src, tgt = lex.sentence_pair(rng)
@@ -117,6 +117,26 @@ def test_corpus_tokenizer_and_model(tmp_path):
     assert model.config.vocab_size == len(tok) and model.config.decoder_start_token_id == 0
     out = tr.translate(model, tok, [pair["src"]], max_length=4)
     assert len(out) == 1 and isinstance(out[0], str)
+
+
+def test_word_for_word_knows_the_words_but_not_the_order():
+    corpus = tr.synthetic_corpus(train=500, test=20, seed=0)
+    dictionary = tr.word_for_word(corpus["train"]["translation"])
+    lex = tr.Lexicon.build(0)
+    assert all(dictionary[s] == t for s, (t, _) in lex.nouns.items() if s in dictionary), "nouns have one translation"
+    assert all(dictionary[s] == lex.verbs[s] for s in lex.verbs if s in dictionary)
+    pairs = corpus["test"]["translation"]
+    looked_up = tr.look_up(dictionary, [p["src"] for p in pairs])
+    assert [len(t.split()) for t in looked_up] == [len(p["src"].split()) for p in pairs]
+    assert tr.bleu(looked_up, [p["tgt"] for p in pairs]) < 10, "word order and agreement defeat a look-up"
+
+
+def test_differences_are_marked_word_by_word():
+    from course_utils.views.translation import mark_differences
+
+    assert mark_differences("lo javi un myju", "lo javi un myju") == ("lo javi un myju", 0)
+    assert mark_differences("la javi un myju", "lo javi un myju") == ("[la] javi un myju", 1)
+    assert mark_differences("lo javi myju", "lo javi un myju") == ("lo javi myju", 1), "a missing word counts"
 
 
 def test_bleu():

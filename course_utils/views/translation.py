@@ -1,0 +1,64 @@
+"""Notebook 10's tables and figure: translations beside their references with the differing words marked, BLEU per
+epoch against the word-for-word baseline and the ceiling, and ZeRO-2 and ZeRO-3 compared at the same step."""
+from __future__ import annotations
+
+import difflib
+import statistics
+from typing import Any, Sequence
+
+
+def mark_differences(translation: str, reference: str) -> tuple[str, int]:
+    """``translation`` with every word that is not where the reference has it in [brackets] (a word-level diff:
+    wrong, extra or misplaced words), and how many words of the two differ (the reference's missing ones too)."""
+    words, ref = translation.split(), reference.split()
+    marked, differing = list(words), 0
+    for op, r0, r1, t0, t1 in difflib.SequenceMatcher(a=ref, b=words, autojunk=False).get_opcodes():
+        if op != "equal":
+            differing += max(r1 - r0, t1 - t0)
+            for i in range(t0, t1):
+                marked[i] = f"[{words[i]}]"
+    return " ".join(marked), differing
+
+
+def samples(sources: Sequence[str], references: Sequence[str], translations: dict[str, Sequence[str]], n: int = 6):
+    """A table of ``n`` test sentences: source, reference and each system's translation with its differing words
+    marked, plus the count of differing words per system."""
+    import pandas as pd
+
+    rows = []
+    for i in range(min(n, len(sources))):
+        row: dict[str, Any] = {"source": sources[i], "reference": references[i]}
+        for name, texts in translations.items():
+            row[name], row[f"≠ {name}"] = mark_differences(texts[i], references[i])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def at_step(name: str, evaluation, step_seconds: Sequence[float], bleu_before: float) -> dict[str, Any]:
+    """One run's row of a like-for-like comparison, read at one of its evaluations (``evaluation``: the script's
+    ``Evaluation`` record): its steps, the median seconds of those steps (evaluation excluded), the evaluation's
+    seconds per translated example, and BLEU before training and at that evaluation."""
+    steps = step_seconds[:evaluation.step]
+    return {"run": name, "epoch": evaluation.epoch, "steps": evaluation.step,
+            "seconds_per_step": statistics.median(steps),
+            "eval_seconds_per_example": evaluation.seconds / evaluation.examples,
+            "bleu_before": bleu_before, "bleu": evaluation.bleu}
+
+
+def bleu_curve(curve: Sequence, before: float, baseline: float, points: dict[str, Any] | None = None,
+               name: str = "ZeRO-2 + offload"):
+    """BLEU after each epoch (``curve``: ``Evaluation`` records; epoch 0 is the untrained model), with the
+    word-for-word baseline and the ceiling of 100 that the language's rules allow; ``points``: other runs'
+    evaluations (name → record) drawn as single markers."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.plot([0] + [e.epoch for e in curve], [before] + [e.bleu for e in curve], "o-", label=name)
+    for label, e in (points or {}).items():
+        ax.plot([e.epoch], [e.bleu], "s", ms=9, mfc="none", label=f"{label} (epoch {e.epoch:g})")
+    ax.axhline(baseline, ls="--", c="gray", label=f"word-for-word look-up ({baseline:.1f})")
+    ax.axhline(100, ls=":", c="black", label="ceiling: the rules translate every sentence")
+    ax.set(xlabel="epoch", ylabel="BLEU on the test pairs", ylim=(-3, 105),
+           xticks=[0] + [e.epoch for e in curve], title="BLEU after each epoch")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
