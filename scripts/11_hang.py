@@ -7,6 +7,7 @@ With ``--log_metrics_file`` the ranks use the learner's ``log_metrics`` (noteboo
 Run from a terminal (it hangs: stop it with Ctrl-C):  deepspeed --num_gpus 2 scripts/11_hang.py
 """
 import argparse
+import os
 from dataclasses import dataclass
 
 import deepspeed
@@ -18,6 +19,9 @@ from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 INF_RANK, INF_STEP = 1, 2      # this rank's loss is inf on this step
+# debugging switches a launch can pass to its ranks (notebook 11's pitfall cell): what each rank found set
+DEBUG_VARIABLES = ("CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG",
+                   "TORCH_CPP_LOG_LEVEL")
 
 
 @dataclass
@@ -26,6 +30,13 @@ class Logged(Record, name="logged"):
     step: int
     loss: float
     logged: float
+
+
+@dataclass
+class DebugEnv(Record, name="debug_env"):
+    """The debugging variables this rank found in its environment (absent ones left out), and its backend."""
+    variables: dict
+    backend: str
 
 
 def log_metrics(step: int, loss: torch.Tensor) -> float:
@@ -56,6 +67,7 @@ def main(argv=None) -> None:
         log = load_exercise(args.log_metrics_file, ["log_metrics"])["log_metrics"]
     deepspeed.init_distributed()
     rank, device = dist.get_rank(), get_accelerator().current_device_name()
+    record(DebugEnv({k: os.environ[k] for k in DEBUG_VARIABLES if k in os.environ}, dist.get_backend()))
     for step in range(args.steps):
         loss = step_loss(step, rank, device)
         print(f"step {step}: my loss {loss.item()}", flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_notebook
+from conftest import run_notebook, student_errors
 from course_utils.rank.models import PRESETS
 from course_utils.views import perf
 
@@ -62,6 +62,11 @@ def test_notebook_runs_and_records_its_figures():
     assert stacks["1"]["waiting in"] == "barrier" and "(main)" in stacks["1"]["script line"]
     # TORCH_DISTRIBUTED_DEBUG=DETAIL's launch runs in `make course` only; a check in the notebook asserts what it reports
     assert "detail_mismatch_ops" not in m
+    # the pitfall: the hang launch's env= reached every rank, and TORCH_CPP_LOG_LEVEL=INFO made c10d log in each
+    sent = m["debug_env_sent"]
+    assert {"CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_CPP_LOG_LEVEL"} <= set(sent)
+    assert len(m["debug_env_seen"]) >= 2 and all(seen == sent for seen in m["debug_env_seen"].values())
+    assert set(m["c10d_info_lines"]) == set(m["debug_env_seen"]) and all(n > 0 for n in m["c10d_info_lines"].values())
 
 
 def test_gpt2_matmul_count_matches_the_layers():
@@ -85,3 +90,11 @@ def test_deepspeed_step_factor_reads_the_line_the_pinned_profiler_prints():
         assert perf.deepspeed_step_factor(line) == 3 + recompute_fwd_factor
     with pytest.raises(ValueError, match="wall_clock_breakdown"):
         perf.deepspeed_step_factor("fwd flops per GPU: 3.56 G")
+
+
+@pytest.mark.extended      # a whole run of the student copy, too slow for `make test`: pytest -m extended
+def test_student_copy_runs_to_the_end(tmp_path):
+    exercises, errors = student_errors(NAME, tmp_path)
+    assert exercises == 3
+    assert errors == ["ExerciseNotDone"] * exercises, (
+        f"on the student copy only the {exercises} exercises' checks may fail, each with ExerciseNotDone; cells raised {errors}")
