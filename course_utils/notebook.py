@@ -7,6 +7,7 @@ the tests assert on and ``make course`` gathers into ``build/report.md``.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,32 @@ def quiet_progress_bars() -> None:
         sys.modules["datasets"].disable_progress_bars()
     if "transformers" in sys.modules:
         sys.modules["transformers"].utils.logging.disable_progress_bar()
+    if "tqdm" in sys.modules and not getattr(sys.modules["tqdm"].std.tqdm, "_course_quiet", False):
+        from functools import partialmethod     # tqdm read TQDM_DISABLE when it was imported: the same default now
+        bar = sys.modules["tqdm"].std.tqdm
+        bar.__init__, bar._course_quiet = partialmethod(bar.__init__, disable=True), True
+
+
+class _Chatter(logging.Filter):
+    """DeepSpeed's log lines in the kernel that the runner's filter also keeps out of a launch's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from .launch.streams import CHATTER
+
+        return not any(rule.search(record.getMessage()) for rule in CHATTER)
+
+
+def quiet_deepspeed_chatter() -> None:
+    """DeepSpeed's logger (the same object before and after ``import deepspeed``) leaves out the runner's chatter."""
+    logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _Chatter) for f in logger.filters):
+        logger.addFilter(_Chatter())
 
 
 def start(name: str, fresh: bool = True) -> Notebook:
     """Begin notebook ``name``: print what this machine will run and (by default) clear its old figures."""
     quiet_progress_bars()
+    quiet_deepspeed_chatter()
     nb = Notebook(name)
     if fresh and nb.metrics_path.exists():
         nb.metrics_path.unlink()

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from . import paths
+from . import hardware, paths
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,6 +25,7 @@ def load(name: str) -> ModuleType:
     if not path.exists():
         available = ", ".join(sorted(p.stem for p in paths.SCRIPTS.glob("[0-9]*.py")))
         raise FileNotFoundError(f"No script {path.name} in {paths.relative(paths.SCRIPTS)}: the course has {available}")
+    hardware.detect()     # before the script imports DeepSpeed: on a CPU it sets DS_ACCELERATOR (no detection warning)
     module_name = f"course_scripts.s{stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)

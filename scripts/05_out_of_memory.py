@@ -4,12 +4,15 @@ Every rank joins the process group and takes part in one all_reduce. Then the ra
 into the memory cgroup whose ``cgroup.procs`` file the notebook passes (``--cgroup_procs``, a limit the notebook
 set) and allocates 32 MiB blocks, printing how much it holds, as a model or a batch too big for the machine would,
 until the kernel kills it with SIGKILL. No Python code runs after that: no traceback, no exception, exit status -9.
-The other ranks wait for it at a barrier.
+The other ranks wait outside any collective, so the launcher sees the killed rank's status first and the lesson
+comes out the same every run. (In real training they would be waiting in a collective and fail at once with
+"Connection closed by peer"; the runner then still names the rank that vanished without a traceback.)
 
 Run from a terminal (as root, after making a cgroup):  deepspeed --num_gpus 2 scripts/05_out_of_memory.py --cgroup_procs ...
 """
 import argparse
 import os
+import time
 
 import deepspeed
 import torch
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             held.append(torch.ones(BLOCK_MIB * 2**20 // 4))     # touched, so really resident
             print(f"rank {rank}: holding {len(held) * BLOCK_MIB} MiB", flush=True)
         raise SystemExit(f"rank {rank} allocated {args.max_mib} MiB without being stopped: the limit did not apply")
-    dist.barrier()                      # never returns: the capped rank does not arrive
+    time.sleep(600)                     # the launcher ends this rank once it has seen the capped one killed
     finish()
 
 

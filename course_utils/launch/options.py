@@ -29,7 +29,7 @@ class LaunchOptions:
     name: str | None = None                       # run folder name (default: the script's stem)
     check: bool = True                            # raise LaunchError when the launch fails
     verbose: bool = False                         # also stream the lines the learner filter hides
-    quiet: bool = False                           # stream nothing
+    quiet: bool = False                           # stream nothing but the one-line summary
     precheck: bool = True                         # validate the config with configs.validate first
     on_timeout: str = "stacks"                    # "stacks": dump every rank's Python stacks, then kill; "kill"
     stall: float | None = None                    # seconds of silence (after every rank printed) that count as a hang

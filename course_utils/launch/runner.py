@@ -59,7 +59,7 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
       that print at least every few seconds; a hang then ends in ``stall`` seconds instead of ``timeout``.
     - ``check``: raise :class:`LaunchError` when a rank fails (else return the result with its returncode).
     - ``verbose``: also stream the launcher/library chatter (DeepSpeed's INFO lines, deprecation warnings;
-      they are always in ``result.log``); ``quiet``: stream nothing.
+      they are always in ``result.log``); ``quiet``: stream nothing but the final one-line summary.
     """
     place = hardware.placement(hardware.detect(), procs, min_ranks)
     if place.cpu_on_gpu_machine:
@@ -153,12 +153,11 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
                           run_dir=run_dir, command=shown, seconds=seconds, world_size=options.world_size,
                           rank_logs={r: "\n".join(lines) for r, lines in streams.rank_text.items()},
                           hidden_lines=hidden, stacks=stacks)
-    note = "" if options.quiet else hidden_note(hidden, run_dir)
+    note = hidden_note(hidden, run_dir)
     if returncode != 0 and options.check:
         raise LaunchError(failure_message(result, timed_out, options.timeout, note,
                                           stalled=stall.seconds if stall is not None and stall.fired else None), result)
-    if not options.quiet:
-        print(finished_message(result, note), flush=True)
+    print(finished_message(result, note), flush=True)       # every launch cell ends with this line, quiet or not
     return result
 
 
