@@ -4,7 +4,7 @@
 failing cell and the run goes on with the rest; the exit status is non-zero if any failed.
 
 Notebooks run two at a time (``--lanes``), each in its own kernel and its own ranks, except those whose
-metadata says ``"course": {"runs_alone": "<why>"}``: their figures compare timings (step times, training
+manifest entry (``notebooks/manifest.toml``) says ``runs_alone = "<why>"``: their figures compare timings (step times, training
 times), which a neighbour would distort, so they run when nothing else does. The others start longest
 first, by the previous ``build/report.md``, so the two lanes end together. The report names the notebooks
 that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
@@ -12,7 +12,7 @@ that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timing
 DeepSpeed ops that set-up left out build in the background meanwhile (:mod:`course_utils.opbuild`): a notebook
 starts once the ops it loads are built (one that runs alone, once all are), another one ready takes its lane. The
 console says "notebook n of N", the time elapsed and about how long is left, from the previous report's times or
-else INSTRUCTORS.md's (:mod:`course_utils.progress`); each kernel's own output goes to a log beside the notebook.
+else the manifest's (:mod:`course_utils.progress`); each kernel's own output goes to a log beside the notebook.
 """
 from __future__ import annotations
 
@@ -94,8 +94,10 @@ def beside(o: Outcome, outcomes: list[Outcome]) -> list[str]:
 
 
 def runs_alone(notebook: Path) -> str:
-    """Why ``notebook`` must run with nothing beside it (its metadata ``course.runs_alone``), or ""."""
-    return json.loads(notebook.read_text()).get("metadata", {}).get("course", {}).get("runs_alone", "")
+    """Why ``notebook`` must run with nothing beside it (its manifest entry's ``runs_alone``), or ""."""
+    from . import manifest
+
+    return manifest.runs_alone(notebook.stem)
 
 
 def previous_seconds(report: Path) -> dict[str, float]:
@@ -179,14 +181,14 @@ def next_notebook(queue: list[Path], running: list[Path], alone: Container[Path]
 
 
 def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) -> int:
-    from . import opbuild, ops, progress
+    from . import manifest, opbuild, ops, progress
 
     build = paths.build_dir()
     chosen = select(selected)
     alone = {nb: why for nb in chosen if lanes > 1 and (why := runs_alone(nb))}   # notebook → why it runs alone
     earlier = previous_seconds(build / "report.md")
     queue = lane_order(chosen, alone, earlier)
-    estimate = {**progress.shipped_seconds(), **earlier}     # INSTRUCTORS.md's measured times, then this machine's
+    estimate = {**manifest.full_seconds(), **earlier}     # the manifest's recorded run, then this machine's
     outcomes: list[Outcome] = []
     bar = progress.CourseBar(len(chosen))
     builder, state, told, said = opbuild.start(), opbuild.read_state(), set(), {}

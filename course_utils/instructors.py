@@ -2,8 +2,9 @@
 
 ``make course`` writes ``build/report.md`` (each notebook's wall time on this machine) and the table made from
 it to ``build/instructors-timing.md``; it never edits a tracked file, so a learner's checkout stays clean.
-``make instructors`` (``python -m course_utils.instructors``) copies that run's table between the two markers of
-INSTRUCTORS.md, so the committed table is always one a run measured; ``--check`` only says whether it matches.
+``make instructors`` (``python -m course_utils.instructors``) writes that run's times into the manifest
+(``notebooks/manifest.toml``, :mod:`course_utils.manifest`) and the table made from them between the two markers
+of INSTRUCTORS.md, so the committed table is always one a run measured; ``--check`` only says whether it matches.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from . import paths
+from .manifest import between
 
 GUIDE = paths.ROOT / "INSTRUCTORS.md"
 BEGIN = "<!-- timing table: written by `make instructors` from build/report.md; do not edit by hand -->"
@@ -51,10 +53,15 @@ def slot_minutes(seconds: int, exercises: int) -> int:
 
 def timing_table(report: str, counts: dict[str, int] | None = None) -> str:
     """The markdown table of INSTRUCTORS.md from a report (and the exercises per notebook)."""
-    counts = exercise_counts() if counts is None else counts
     rows = report_rows(report)
     if not rows:
         raise ValueError("no notebook rows in this report: run `make course` first")
+    return render(rows, counts)
+
+
+def render(rows: list[dict], counts: dict[str, int] | None = None) -> str:
+    """The table from rows of a report, or of the manifest's recorded run (:func:`course_utils.manifest.full_rows`)."""
+    counts = exercise_counts() if counts is None else counts
     lines = ["| notebook | runs in (2 cores, measured) | exercises | plan a slot of |", "|---|---|---|---|"]
     for r in rows:
         ran = f"{r['seconds'] // 60} min {r['seconds'] % 60:02d} s" + (" *" if r["beside"] else "")
@@ -72,28 +79,42 @@ def timing_table(report: str, counts: dict[str, int] | None = None) -> str:
 
 def with_table(guide: str, table: str) -> str:
     """``guide`` with the text between its markers replaced by ``table``."""
-    if BEGIN not in guide or END not in guide:
-        raise ValueError(f"INSTRUCTORS.md lacks its timing-table markers ({BEGIN!r} … {END!r})")
-    head, rest = guide.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+    return between(guide, BEGIN, END, table, "INSTRUCTORS.md")
 
 
 TABLE = "instructors-timing.md"     # under build/: the table of the last full run
 
 
-def write_table(report: Path, guide: Path = GUIDE) -> bool:
-    """Write the run's table to ``build/instructors-timing.md``; True when it differs from the guide's."""
-    table = timing_table(report.read_text())
-    (report.parent / TABLE).write_text(table + "\n")
-    return with_table(guide.read_text(), table) != guide.read_text()
+def would_change(report: Path, guide: Path = GUIDE, manifest: Path | None = None) -> bool:
+    """Whether `make instructors` would change the manifest's recorded times (of the notebooks that passed in
+    ``report``) or the guide's table."""
+    from . import manifest as _manifest
+
+    recorded = {r["notebook"]: r for r in _manifest.full_rows(manifest or _manifest.MANIFEST)}
+    differs = any(r["notebook"] not in recorded or recorded[r["notebook"]]["seconds"] != r["seconds"]
+                  or bool(recorded[r["notebook"]]["beside"]) != bool(r["beside"])
+                  for r in report_rows(report.read_text()) if r["ok"])
+    return differs or with_table(guide.read_text(), render(list(recorded.values()))) != guide.read_text()
 
 
-def update(report: Path | None = None, guide: Path = GUIDE) -> bool:
-    """Rewrite the guide's table from ``report``; True when it changed."""
+def write_table(report: Path, guide: Path = GUIDE, manifest: Path | None = None) -> bool:
+    """Write the run's table to ``build/instructors-timing.md``; True when `make instructors` would change
+    something (:func:`would_change`)."""
+    (report.parent / TABLE).write_text(timing_table(report.read_text()) + "\n")
+    return would_change(report, guide, manifest)
+
+
+def update(report: Path | None = None, guide: Path = GUIDE, manifest: Path | None = None) -> bool:
+    """Write ``report``'s times into the manifest and the guide's table from them; True when the guide changed."""
+    from . import manifest as _manifest
+
     report = report or paths.build_dir() / "report.md"
+    rows = report_rows(report.read_text())
+    if not rows:
+        raise ValueError("no notebook rows in this report: run `make course` first")
+    _manifest.record_full_run([r for r in rows if r["ok"]], manifest or _manifest.MANIFEST)   # a failed run's time: no
     text = guide.read_text()
-    new = with_table(text, timing_table(report.read_text()))
+    new = with_table(text, render(_manifest.full_rows(manifest or _manifest.MANIFEST)))
     if new != text:
         guide.write_text(new)
     return new != text
@@ -109,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"No report at {paths.relative(report)}: run `make course` first.")
         return 1
     if a.check:
-        same = with_table(GUIDE.read_text(), timing_table(report.read_text())) == GUIDE.read_text()
+        same = not would_change(report)
         print("INSTRUCTORS.md's timing table " + ("matches" if same else "does NOT match") + f" {paths.relative(report)}")
         return 0 if same else 1
     print("INSTRUCTORS.md's timing table " + ("rewritten" if update(report) else "already up to date")

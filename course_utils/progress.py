@@ -129,15 +129,6 @@ def left_seconds(waiting: list[str], running: Mapping[str, float], estimate: Map
     return shared / max(1, lanes) + sum(rest(n) for n in names if n in alone)
 
 
-_GUIDE_ROW = re.compile(r"^\| (\d\d_\w+) \| (\d+) min (\d+) s", re.M)
-
-
-def shipped_seconds(guide: Path = paths.ROOT / "INSTRUCTORS.md") -> dict[str, float]:
-    """Each notebook's time in INSTRUCTORS.md's table (the last measured full run): the estimate of a first run."""
-    text = guide.read_text() if guide.exists() else ""
-    return {m[1]: int(m[2]) * 60.0 + int(m[3]) for m in _GUIDE_ROW.finditer(text)}
-
-
 # The set-up steps of the Makefile, with their time on a fresh 2-core machine (measured 2026-11-25).
 SETUP_STEPS = {"packages": ("the pinned packages (pip)", 90), "kernel": ("the Jupyter kernel", 5),
                "libaio": ("libaio-dev for NVMe offload (apt)", 15), "multinode": ("pdsh and OpenSSH (apt)", 20),

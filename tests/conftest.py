@@ -8,17 +8,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import paths
+from course_utils import manifest, paths
 from course_utils.course import execute
 from course_utils.workshop import unscored_checks
 
 SMOKE = {"SMOKE": True}
 CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its own, shorter timeout), far below CI's limit
 
-# Seconds each notebook's tests took with the smoke parameters on 2 CPU cores. `make test` runs the tests
-# on two workers (pytest-xdist); starting the longest first keeps both workers busy to the end.
-SMOKE_SECONDS = {"03": 140, "10": 136, "09": 134, "04": 106, "02": 104, "11": 89, "07": 81, "08": 64, "01": 65,
-                 "05": 65, "00": 60, "12": 45, "06": 31}
+# Seconds each notebook's tests take with the smoke parameters on 2 CPU cores (the manifest's smoke_seconds).
+# `make test` runs the tests on two workers (pytest-xdist); starting the longest first keeps both busy to the end.
+SMOKE_SECONDS = manifest.smoke_seconds()
 OTHER_SECONDS = {"test_multinode": 40, "test_workshop": 35, "test_launch": 10}   # ssh launches, the nbgrader drill, the runner
 
 

@@ -29,13 +29,15 @@ def test_the_table_is_the_reports_times_with_planning_slots():
 def test_the_guide_keeps_its_text_and_gets_the_table_between_its_markers(tmp_path):
     guide = tmp_path / "INSTRUCTORS.md"
     guide.write_text(f"intro\n{instructors.BEGIN}\nold table\n{instructors.END}\noutro\n")
-    report = tmp_path / "report.md"
+    report, manifest = tmp_path / "report.md", tmp_path / "manifest.toml"
     report.write_text(_report())
-    assert instructors.update(report, guide) is True
+    manifest.write_text(paths.NOTEBOOKS.joinpath("manifest.toml").read_text())
+    assert instructors.update(report, guide, manifest) is True
     text = guide.read_text()
     assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old table" not in text
     assert "| 00_setup_and_first_launch | 0 min 35 s |" in text
-    assert instructors.update(report, guide) is False          # already up to date: unchanged
+    assert "full_seconds = 35\nfull_beside = false" in manifest.read_text()     # the run's times, in the manifest
+    assert instructors.update(report, guide, manifest) is False          # already up to date: unchanged
     with pytest.raises(ValueError, match="markers"):
         instructors.with_table("no markers here", "table")
 
@@ -52,12 +54,13 @@ def test_the_committed_guide_lists_every_notebook_with_its_exercises():
 
 def test_a_full_run_writes_the_table_under_build_and_leaves_the_guide_alone(tmp_path):
     """make course never edits a tracked file: the table goes to build/, `make instructors` copies it."""
-    report, guide = tmp_path / "report.md", tmp_path / "INSTRUCTORS.md"
+    report, guide, manifest = tmp_path / "report.md", tmp_path / "INSTRUCTORS.md", tmp_path / "manifest.toml"
     report.write_text(_report())
+    manifest.write_text(paths.NOTEBOOKS.joinpath("manifest.toml").read_text())
     guide.write_text(f"intro\n{instructors.BEGIN}\nold table\n{instructors.END}\n")
     before = guide.read_text()
-    assert instructors.write_table(report, guide) is True           # differs from the guide's
+    assert instructors.write_table(report, guide, manifest) is True           # differs from the guide's
     assert guide.read_text() == before
     assert (tmp_path / instructors.TABLE).read_text().startswith("| notebook |")
-    instructors.update(report, guide)
-    assert instructors.write_table(report, guide) is False          # once copied, the same table
+    instructors.update(report, guide, manifest)
+    assert instructors.write_table(report, guide, manifest) is False          # once copied, the same table

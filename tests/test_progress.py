@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import course, opbuild, ops, paths, progress
+from course_utils import course, manifest, opbuild, ops, paths, progress
 
 
 def test_minutes_reads_like_an_estimate():
@@ -27,13 +27,9 @@ def test_time_left_splits_shared_notebooks_over_the_lanes_and_adds_those_that_ru
     assert progress.left_seconds([], {}, estimate, set(), 2) == 0
 
 
-def test_a_first_run_estimates_from_the_instructors_table(tmp_path):
-    guide = tmp_path / "INSTRUCTORS.md"
-    guide.write_text("| 00_setup_and_first_launch | 0 min 55 s * | 2 | 40 min |\n| 03_zero_stages | 2 min 44 s | 2 | 40 min |\n"
-                     "| **all, one after another** | 19 min 01 s | 26 | 8 h 20 min |\n")
-    assert progress.shipped_seconds(guide) == {"00_setup_and_first_launch": 55, "03_zero_stages": 164}
-    shipped = progress.shipped_seconds()
-    assert shipped and set(shipped) <= {nb.stem for nb in paths.NOTEBOOKS.glob("*.ipynb")}
+def test_a_first_run_estimates_from_the_manifests_recorded_run():
+    shipped = manifest.full_seconds()
+    assert set(shipped) == {nb.stem for nb in paths.NOTEBOOKS.glob("*.ipynb")} and all(s > 0 for s in shipped.values())
 
 
 def test_set_up_builds_only_what_the_first_notebooks_load_and_the_rest_by_first_need():

@@ -1,0 +1,52 @@
+"""The manifest (notebooks/manifest.toml) lists every notebook; the tables made from it match it."""
+import pytest
+
+from course_utils import course, manifest, paths
+
+
+def test_every_notebook_has_an_entry_and_every_entry_a_notebook():
+    assert manifest.problems() == []
+
+
+def test_a_notebook_without_an_entry_is_named(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for stem in ("00_a", "01_b"):
+        (notebooks / f"{stem}.ipynb").write_text("{}")
+    toml = tmp_path / "manifest.toml"
+    toml.write_text('[notebook.00_a]\ntitle = "a"\nwhat_you_do = "x"\nranks = 2\nsmoke_seconds = 5\n'
+                    'full_seconds = 9\nfull_beside = false\n\n[notebook.02_c]\ntitle = 3\ncolour = "red"\n')
+    wrong = manifest.problems(toml, notebooks)
+    assert "01_b: no entry in manifest.toml" in wrong
+    assert "02_c: an entry in manifest.toml but no notebook" in wrong
+    assert "02_c: title missing or not str" in wrong and "02_c: unknown field 'colour'" in wrong
+    assert not [w for w in wrong if w.startswith("00_a")]
+    with pytest.raises(KeyError, match="no entry"):
+        manifest.entry("01_b", toml)
+
+
+def test_the_readme_and_instructors_tables_are_made_from_it():
+    assert manifest.tables_drift() == [], "run `python -m course_utils.manifest --write`"
+
+
+def test_a_full_runs_times_go_into_the_manifest_with_its_comments_kept(tmp_path):
+    toml = tmp_path / "manifest.toml"
+    toml.write_text(paths.NOTEBOOKS.joinpath("manifest.toml").read_text())
+    rows = [{"notebook": "03_zero_stages", "ok": True, "seconds": 77, "beside": []},
+            {"notebook": "12_adapters_under_zero", "ok": True, "seconds": 21, "beside": ["03_zero_stages"]}]
+    assert manifest.record_full_run(rows, toml) is True
+    assert manifest.full_seconds(toml)["03_zero_stages"] == 77 and manifest.full_seconds(toml)["12_adapters_under_zero"] == 21
+    assert manifest.load(toml)["03_zero_stages"]["full_beside"] is False
+    assert manifest.load(toml)["12_adapters_under_zero"]["full_beside"] is True
+    untouched = {k: v for k, v in manifest.full_seconds(toml).items() if k not in ("03_zero_stages", "12_adapters_under_zero")}
+    assert untouched == {k: v for k, v in manifest.full_seconds().items() if k in untouched}
+    assert toml.read_text().startswith("# One entry per notebook")
+    assert manifest.record_full_run(rows, toml) is False
+    with pytest.raises(KeyError, match="no entry"):
+        manifest.record_full_run([{"notebook": "99_new", "ok": True, "seconds": 1, "beside": []}], toml)
+
+
+def test_the_runner_reads_which_notebooks_run_alone_from_it():
+    alone = {nb.stem for nb in paths.NOTEBOOKS.glob("*.ipynb") if course.runs_alone(nb)}
+    assert alone == {stem for stem, e in manifest.load().items() if e.get("runs_alone")}
+    assert {"04_offload_and_infinity", "10_capstone_translation"} <= alone
