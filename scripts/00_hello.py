@@ -9,13 +9,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from course_utils import run_folder
 from course_utils.rank.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
@@ -82,7 +82,7 @@ def run_prepare_then_read(path: str, rank: int) -> None:
         builds.append(time.time())
         return VOCABULARY
 
-    target = Path(os.environ.get("COURSE_RUN_DIR", "."), "vocabulary.txt")   # the same path on every rank
+    target = run_folder.here() / "vocabulary.txt"   # the same path on every rank
     start = time.perf_counter()
     text = prepare_then_read(str(target), build_vocabulary)
     seconds = time.perf_counter() - start

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader
 
+from course_utils import run_folder
 from course_utils.rank import data
 from course_utils.rank.distributed import gather_predictions
 from course_utils.rank.models import count_parameters, tiny_bert_classifier
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tutorial_loop", action="store_true", help="the tutorial's loop: no DistributedSampler")
     parser.add_argument("--functions", nargs="*", default=[],
                         help="files defining shard_loader and/or gather_predictions, used instead of course_utils'")
-    parser.add_argument("--output_dir", default=os.path.join(os.environ.get("COURSE_RUN_DIR", "build/runs/02"), "checkpoint"))
+    parser.add_argument("--output_dir", default=str(run_folder.here() / "checkpoint"))
     return parser
 
 

@@ -12,7 +12,6 @@ import argparse
 import copy
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -21,6 +20,7 @@ from transformers import GPT2LMHeadModel, Trainer
 from transformers.integrations import HfDeepSpeedConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
+from course_utils import run_folder
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.record import Record, record
@@ -92,10 +92,8 @@ def engine_view(engine) -> EngineView:
 
 def zero3_loads() -> None:
     """4 · ZeRO-3: HfDeepSpeedConfig must be alive before from_pretrained."""
-    # one folder every rank can read: the launch's run folder (a temporary one outside the course's runner),
-    # removed again below so that no file outlives the launch
-    base = os.environ.get("COURSE_RUN_DIR") or tempfile.gettempdir()
-    folder = os.path.join(base, f"course08-tiny-gpt2-{os.environ.get('MASTER_PORT', '0')}")
+    # one folder every rank can read (the launch's run folder), removed again below so that no file outlives it
+    folder = str(run_folder.here() / f"course08-tiny-gpt2-{os.environ.get('MASTER_PORT', '0')}")
     if dist.get_rank() == 0:
         tiny_gpt2("trainer").save_pretrained(folder)
     dist.barrier()

@@ -15,7 +15,6 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/11_performance.py --deepspe
 """
 import argparse
 import copy
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from course_utils import run_folder
 from course_utils.rank import comms, perf
 from course_utils.rank.distributed import time_all_reduce
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
@@ -188,7 +188,7 @@ def profiled_config(base: dict, run_dir: str) -> dict:
 
 def run_profiled(base: dict, steps: int, seq_len: int, device: str, ar_repeats: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    run_dir = os.environ.get("COURSE_RUN_DIR") or "build/runs/11_performance"
+    run_dir = str(run_folder.here())
     config = profiled_config(base, run_dir)
     model = tiny_gpt2("zero_lab")
     model.config.use_cache = False

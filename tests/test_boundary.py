@@ -12,7 +12,7 @@ from course_utils import paths
 
 PACKAGE = paths.ROOT / "course_utils"
 RANK_MODULES = sorted(f"course_utils.rank.{p.stem}" for p in (PACKAGE / "rank").glob("*.py") if p.stem != "__init__")
-SHARED = {"paths", "rank", "rank_hook"}          # paths: standard library only, for both sides; rank_hook: the runner's
+SHARED = {"paths", "run_folder", "rank", "rank_hook"}   # paths, run_folder: standard library only, both sides; rank_hook: the runner's
 NOTEBOOK_SIDE = sorted(f"course_utils.{p.stem}" for p in PACKAGE.iterdir()
                        if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.stem not in SHARED | {"__init__"})
 NOTEBOOK_LIBRARIES = ["pandas", "matplotlib", "ipywidgets"]

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import processes_of
 from course_utils import hardware, launch
-from course_utils.launch.stacks import STACKS_DIR, main_thread_stack, rank_stacks
+from course_utils.launch.stacks import main_thread_stack, rank_stacks
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

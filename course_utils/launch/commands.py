@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import configs, paths
+from .. import configs, paths, run_folder
 from .environment import ssh_environment, write_env_file
 from .options import LaunchOptions
 
@@ -106,7 +106,7 @@ def node_commands(cli: str, script: Path, script_args: list[str], options: Launc
     """
     master = options.hosts[0] if options.hosts else "127.0.0.1"
     common = ["--master_addr", master, "--master_port", str(port)]
-    tail = ["--enable_each_rank_log", paths.relative(run_dir / "ranks"), paths.relative(script), *script_args]
+    tail = ["--enable_each_rank_log", paths.relative(run_folder.ranks_dir(run_dir)), paths.relative(script), *script_args]
     if options.hosts:
         hostfile = write_hostfile(run_dir, list(options.hosts), options.procs)
         check = ["--no_ssh_check"] if options.ssh_config else []

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import hardware, paths
+from .. import hardware, paths, run_folder
 
 RANK_HOOK = Path(__file__).resolve().parent.parent / "rank_hook"   # holds the ranks' sitecustomize.py
 # Progress bars teach nothing in a notebook cell and bury what does (datasets' "Map", transformers' "Loading
@@ -25,7 +25,7 @@ def rank_environment(run_dir: Path, world_size: int, extra: Mapping[str, Any] | 
     for name in ("SSH_CONNECTION", "SSH_CLIENT"):  # the notebook's own ssh session, if any, is not the ranks'
         env.pop(name, None)                        # (ranks started over ssh get theirs from sshd)
     env["PYTHONUNBUFFERED"] = "1"                  # rank output reaches the log as it is printed
-    env["COURSE_RUN_DIR"] = str(run_dir)
+    env[run_folder.ENV] = str(run_dir)
     for name, value in QUIET_ENV.items():
         env.setdefault(name, value)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RANK_HOOK), str(paths.ROOT), env.get("PYTHONPATH")) if p)

@@ -12,12 +12,11 @@ import re
 from pathlib import Path
 
 from .. import paths
-from ..rank.scaffolding import FINISHED_DIR
+from .. import run_folder
 from .result import LaunchResult
 from .stacks import main_thread_stack
 
 TAIL_LINES = 25
-FAILURES_DIR = "failures"     # in the run folder, written by the rank hook (sitecustomize.py uses the same name)
 
 
 def tail(text: str, n: int = TAIL_LINES) -> str:
@@ -28,7 +27,7 @@ def tail(text: str, n: int = TAIL_LINES) -> str:
 def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None, str]:
     """The rank that died first and its traceback: from the rank hook's records, else from the logs."""
     records = []
-    for path in (run_dir / FAILURES_DIR).glob("rank*.json"):
+    for path in run_folder.failure_files(run_dir):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -76,17 +75,12 @@ def killed_message(rank: int, signum: int, node: str = "") -> str:
             "Peers that fail afterwards with connection errors only lost it.")
 
 
-def _ranks_with(run_dir: Path, folder: str) -> set[int]:
-    """The ranks that left a file ``rank<N>...`` in ``run_dir/folder`` (failure records, finished marks)."""
-    return {int(m[1]) for p in (run_dir / folder).glob("rank*") if (m := re.match(r"rank(\d+)", p.name))}
-
-
 def hidden_note(hidden: int, run_dir: Path) -> str:
     """Where the lines the learner filter kept out of the cell's output are, or "" when none were."""
     if not hidden:
         return ""
     return (f"({hidden} line{'s' if hidden != 1 else ''} of launcher/library chatter hidden: "
-            f"{paths.relative(run_dir)}/launch.log, or verbose=True)")
+            f"{paths.relative(run_folder.launch_log(run_dir))}, or verbose=True)")
 
 
 def finished_message(result: LaunchResult, note: str = "") -> str:
@@ -123,7 +117,8 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
                     stalled: float | None = None) -> str:
     """The :class:`LaunchError` message: a timeout, or a stall of ``stalled`` seconds (every rank's stack, or its
     last lines), or the first failing rank."""
-    where = f"Logs: {paths.relative(result.run_dir)}/launch.log and ranks/." + (f" {note}" if note else "")
+    where = (f"Logs: {paths.relative(run_folder.launch_log(result.run_dir))} and "
+             f"{run_folder.RANKS}/.") + (f" {note}" if note else "")
     if timed_out:
         ended = (f"Launch stalled: every rank had printed, then no line came for {stalled:g} s (stall={stalled:g})"
                  if stalled else f"Launch timed out after {timeout:.0f} s")
@@ -152,8 +147,8 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
         return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
                 f"with an error status or was killed); the end of the log:\n{tail(result.log)}\n{where}")
     lost = re.search(r"Connection (closed|reset) by peer", trace)
-    vanished = sorted(set(range(result.world_size)) - _ranks_with(result.run_dir, FAILURES_DIR)
-                      - _ranks_with(result.run_dir, FINISHED_DIR)) if lost else []
+    vanished = sorted(set(range(result.world_size)) - run_folder.failed_ranks(result.run_dir)
+                      - run_folder.finished_ranks(result.run_dir)) if lost else []
     if vanished:      # the launcher logged the peer's status first: the rank that vanished left no record at all
         which = f"Rank {vanished[0]}" if len(vanished) == 1 else f"One of ranks {', '.join(map(str, vanished))}"
         return (f"{which} ended without a Python traceback (killed by a signal; "

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 
 import psutil
 
-from .. import paths
+from .. import paths, run_folder
 
 SHM_DIR = Path("/dev/shm")
 
@@ -214,14 +214,14 @@ def run_processes(run_dir: Path) -> list[psutil.Process]:
     pdsh and its ssh clients, and on every host of a launch over ssh the node's launcher and its ranks; and
     those whose command line sets it (the shell sshd starts on each host, ``export COURSE_RUN_DIR=...; cd ...;
     python -m deepspeed.launcher.launch ...``, before it starts the node's launcher)."""
-    setting = f"COURSE_RUN_DIR={run_dir}"
+    setting = f"{run_folder.ENV}={run_dir}"
     found = []
     for p in psutil.process_iter(["cmdline"]):
         if p.pid == os.getpid():
             continue
         try:
             if any(setting in arg for arg in p.info["cmdline"] or ()) or \
-                    p.environ().get("COURSE_RUN_DIR") == str(run_dir):
+                    p.environ().get(run_folder.ENV) == str(run_dir):
                 found.append(p)
         except (psutil.Error, OSError):      # gone, a zombie, or another user's process
             pass

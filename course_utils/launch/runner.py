@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from .. import hardware, opbuild, paths
 from . import commands as cmds
 from .environment import rank_environment
-from .failures import FAILURES_DIR, failure_message, finished_message, hidden_note
+from .failures import failure_message, finished_message, hidden_note
 from .options import DEFAULT_TIMEOUT, LaunchOptions
 from .processes import (end_run_processes, kill_group, kill_ssh_launch, release_build_locks, release_shm_buffers,
                         signal_groups, start_launchers, start_watchdog)
@@ -26,7 +26,7 @@ from .stacks import rank_stacks
 from .streams import LearnerFilter, Streams
 
 from ..rank.record import read_records
-from ..rank.scaffolding import FINISHED_DIR
+from .. import run_folder
 
 
 def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, config: dict | str | Path | None = None,
@@ -123,7 +123,7 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     try:
         launchers = start_launchers(commands, paths.ROOT, environment)
         watchdog = start_watchdog(launchers, port, run_dir, over_ssh)
-        streams = Streams(launchers, run_dir / "ranks", options.hosts or ())
+        streams = Streams(launchers, run_folder.ranks_dir(run_dir), options.hosts or ())
         stall = Stall(options.stall, options.world_size) if options.stall else None
         timed_out, finished = _supervise(launchers, streams, emit, started, options.timeout,
                                          lambda: _ranks_done(run_dir, options.world_size),
@@ -147,7 +147,7 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     codes = [p.returncode for p in launchers]
     returncode = (124 if timed_out else 0 if finished is True else 1 if finished == "failed"
                   else next((c for c in codes if c != 0), 0))
-    (run_dir / "launch.log").write_text("\n".join(log_lines) + "\n")
+    run_folder.launch_log(run_dir).write_text("\n".join(log_lines) + "\n")
     hidden = 0 if options.verbose else shown_filter.hidden
     result = LaunchResult(returncode=returncode, log="\n".join(log_lines), records=read_records(run_dir),
                           run_dir=run_dir, command=shown, seconds=seconds, world_size=options.world_size,
@@ -165,8 +165,7 @@ def _ranks_done(run_dir: Path, world_size: int) -> bool | str:
     """``True`` once every rank has passed ``scaffolding.finish()`` (its mark in ``finished/``), ``"failed"``
     once every rank has either finished or died of a Python exception with at least one such death (the rank
     hook writes ``failures/rank<N>.json`` after printing the traceback), else ``False``."""
-    finished = {p.name for p in (run_dir / FINISHED_DIR).glob("rank*")}
-    failed = {p.stem for p in (run_dir / FAILURES_DIR).glob("rank*.json")}
+    finished, failed = run_folder.finished_ranks(run_dir), run_folder.failed_ranks(run_dir)
     if len(finished) >= world_size:
         return True
     return "failed" if failed and len(finished | failed) >= world_size else False

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-STACKS_DIR = "stacks"     # in the run folder: each rank's faulthandler file (the rank hook opens it)
+from .. import run_folder
 
 
 def rank_stacks(run_dir: Path, wait: float = 3.0) -> dict[int, str]:
@@ -22,11 +22,11 @@ def rank_stacks(run_dir: Path, wait: float = 3.0) -> dict[int, str]:
     since been reused by another process is left alone). Waits up to ``wait`` seconds for the files to settle.
     """
     asked: dict[int, tuple[Path, int]] = {}
-    for path in sorted((run_dir / STACKS_DIR).glob("rank*-*.txt")):
+    for path in run_folder.stacks_files(run_dir):
         rank, _, pid = path.stem[len("rank"):].partition("-")
         try:
             proc = psutil.Process(int(pid))
-            if proc.environ().get("COURSE_RUN_DIR") != str(run_dir):
+            if proc.environ().get(run_folder.ENV) != str(run_dir):
                 continue
             before = path.stat().st_size
             proc.send_signal(signal.SIGUSR1)

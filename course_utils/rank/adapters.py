@@ -8,12 +8,12 @@ the notebook uses :func:`expected_bytes` and the records as they are.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import run_folder
 from .record import Record, record
 from .scaffolding import scratch_dir
 
@@ -227,7 +227,7 @@ class Saved(Record, name="adapter_saved"):
 def shared_folder(name: str) -> Path:
     """A folder every rank can read: inside the launch's run folder, where it stays for the notebook to read
     (outside the course's runner: a temporary folder, removed when the rank exits)."""
-    return Path(os.environ.get("COURSE_RUN_DIR") or scratch_dir("course12-")) / name
+    return (run_folder.current() or Path(scratch_dir("course12-"))) / name
 
 
 def save_base() -> str:

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from .. import run_folder
+
 _NO_VALUE = object()
 
 
@@ -64,21 +66,20 @@ def record(name: str | Record, value: Any = _NO_VALUE) -> None:
             raise TypeError(f"record({name!r}) needs a value, or an instance of a declared Record")
         name, value = name.NAME, name
     line = json.dumps({"name": name, "value": plain(value), "rank": rank()})
-    run_dir = os.environ.get("COURSE_RUN_DIR")
-    if not run_dir:
+    run_dir = run_folder.current()
+    if run_dir is None:
         print(f"[record rank {rank()}] {name} = {json.dumps(plain(value))}", flush=True)
         return
-    folder = Path(run_dir) / "metrics"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"rank{rank()}.jsonl", "a") as f:
+    path = run_folder.metrics_file(run_dir, rank())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         f.write(line + "\n")
 
 
 def read_records(run_dir: Path) -> list[dict]:
     """All records of a run, in rank order then in the order each rank wrote them."""
     records = []
-    files = sorted((Path(run_dir) / "metrics").glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
-    for path in files:
+    for path in run_folder.metrics_files(run_dir):
         for line in path.read_text().splitlines():
             if line.strip():
                 records.append(json.loads(line))

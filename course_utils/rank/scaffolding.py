@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-FINISHED_DIR = "finished"   # finish() marks each rank that got to the end here, in the launch's run folder
+from .. import run_folder
 
 
 def parse_args(parser: argparse.ArgumentParser | None = None, argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,10 +64,10 @@ def scratch_dir(prefix: str = "scratch-") -> str:
     import shutil
     import tempfile
 
-    run_dir = os.environ.get("COURSE_RUN_DIR")
+    run_dir = run_folder.current()
     if run_dir:
-        Path(run_dir, "scratch").mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix=prefix, dir=Path(run_dir, "scratch"))
+        run_folder.scratch(run_dir).mkdir(parents=True, exist_ok=True)
+        return tempfile.mkdtemp(prefix=prefix, dir=run_folder.scratch(run_dir))
     folder = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
@@ -89,13 +89,12 @@ def finish() -> None:
     without an active exception"), failing a launch whose work had finished. ``atexit``
     handlers, logging and the standard streams are flushed first, so nothing is lost.
 
-    Under the course's runner it then leaves a mark in the run folder (``finished/rank<N>``), so the
-    runner can end the launch as soon as every rank has finished rather than wait for the launcher's
+    Under the course's runner it then leaves a mark in the run folder (:func:`course_utils.run_folder.end_rank`),
+    so the runner can end the launch as soon as every rank has finished rather than wait for the launcher's
     own once-a-second polling and shutdown.
     """
     import atexit
     import logging
-    import sys
 
     import torch.distributed as dist
 
@@ -104,13 +103,4 @@ def finish() -> None:
         dist.destroy_process_group()
     atexit._run_exitfuncs()
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    run_dir = os.environ.get("COURSE_RUN_DIR")
-    if run_dir:        # tells the course's runner that this rank's work is complete (see FINISHED_DIR there)
-        try:
-            Path(run_dir, FINISHED_DIR).mkdir(exist_ok=True)
-            Path(run_dir, FINISHED_DIR, f"rank{os.environ.get('RANK', '0')}").touch()
-        except OSError:
-            pass
-    os._exit(0)
+    run_folder.end_rank(0)

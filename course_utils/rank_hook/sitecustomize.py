@@ -12,9 +12,11 @@ import sys
 import time
 import traceback
 
+from course_utils import run_folder      # the run folder's names (standard library only, cheap to import)
+
 # The rank itself: launched with RANK set, and the first process of the launch to load this hook with it
 # (a rank's own children, a DataLoader worker or a compile worker, inherit COURSE_RANK_PID and are not ranks).
-_IS_RANK = ("RANK" in os.environ and "COURSE_RUN_DIR" in os.environ
+_IS_RANK = ("RANK" in os.environ and run_folder.ENV in os.environ
             and os.environ.get("COURSE_RANK_PID", str(os.getpid())) == str(os.getpid()))
 if _IS_RANK:
     os.environ["COURSE_RANK_PID"] = str(os.getpid())
@@ -39,14 +41,14 @@ def _record_failure(exc_type, exc, tb):
         return
     _flush_standard_streams()
     try:
-        folder = os.path.join(os.environ["COURSE_RUN_DIR"], "failures")       # launch.failures.FAILURES_DIR
-        os.makedirs(folder, exist_ok=True)
         rank = os.environ["RANK"]
-        tmp = os.path.join(folder, f".rank{rank}.json.tmp")
+        path = run_folder.failure_file(run_folder.current(), rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "w") as f:
             json.dump({"rank": rank, "time": when, "error": f"{exc_type.__name__}: {exc}",
                        "traceback": "".join(traceback.format_exception(exc_type, exc, tb))}, f)
-        os.replace(tmp, os.path.join(folder, f"rank{rank}.json"))     # complete when it appears
+        os.replace(tmp, path)     # complete when it appears
     except OSError:
         pass
 
@@ -61,8 +63,9 @@ def _end_rank_without_teardown():
     torch.distributed still hold (engines, process groups) can abort in gloo's threads ("terminate called
     without an active exception", exit -6) after the script's work is done, and fail a launch that succeeded;
     the course's own scripts avoid it with ``scaffolding.finish()``, a learner's script need not know. So:
-    flush every open file (teardown would have), the standard streams, leave the finished mark the runner
-    waits for, and exit with the script's status. A rank that died of an exception takes the normal path.
+    flush every open file (teardown would have), then end the rank as ``scaffolding.finish()`` does
+    (:func:`course_utils.run_folder.end_rank`), with the script's status. A rank that died of an exception takes
+    the normal path.
     """
     if _state["failed"]:
         return
@@ -77,15 +80,7 @@ def _end_rank_without_teardown():
                     obj.flush()
             except (OSError, ValueError):
                 pass
-    _flush_standard_streams()
-    if code == 0:
-        try:
-            folder = os.path.join(os.environ["COURSE_RUN_DIR"], "finished")       # scaffolding.FINISHED_DIR
-            os.makedirs(folder, exist_ok=True)
-            open(os.path.join(folder, f"rank{os.environ['RANK']}"), "w").close()
-        except OSError:
-            pass
-    os._exit(code)
+    run_folder.end_rank(code)
 
 
 def _exit_remembering_status(status=None, _exit=sys.exit):
@@ -103,9 +98,8 @@ def _register_stack_dump():
     import faulthandler
     import signal
     try:
-        folder = os.path.join(os.environ["COURSE_RUN_DIR"], "stacks")      # launch.stacks.STACKS_DIR
-        os.makedirs(folder, exist_ok=True)
-        name = os.path.join(folder, f"rank{os.environ['RANK']}-{os.getpid()}.txt")
+        name = str(run_folder.stacks_file(run_folder.current(), os.environ["RANK"], os.getpid()))
+        os.makedirs(os.path.dirname(name), exist_ok=True)
         stream = open(name + ".tmp", "w")
         faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
         os.replace(name + ".tmp", name)        # the runner signals only ranks whose file exists: registered by then
