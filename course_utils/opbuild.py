@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import ops as _ops
-from . import paths
+from . import paths, reaper
 from .progress import minutes, say
 
 STATE = "course-background-build.json"
@@ -153,17 +153,7 @@ def stop(proc: subprocess.Popen | None, grace: float = 20.0) -> bool:
     if proc is None or proc.poll() is not None:
         return False
     state = read_state()
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return True
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    reaper.end(groups=[proc.pid], grace=grace, rounds=1)
     proc.wait()
     if state is not None and state["building"]:      # killed while compiling: its lock would block every later build
         lock = _ops.extensions_dir() / state["building"] / "lock"

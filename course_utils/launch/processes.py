@@ -8,7 +8,7 @@ all-reduce leaves in /dev/shm are removed either way.
 A launch over ssh (``hosts=``) has processes outside those groups: pdsh puts each ssh client in a session of
 its own, and on every host the node's launcher and its ranks are children of sshd, not of the launcher. Every
 one of them carries the run folder in its environment (``COURSE_RUN_DIR``, from ``.deepspeed_env``), which is
-how :func:`end_run_processes` and the watchdog find them.
+how :func:`end_run_processes` and the watchdog find them (:func:`course_utils.reaper.of_run`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 
 import psutil
 
-from .. import paths, run_folder
+from .. import paths, reaper
 
 SHM_DIR = Path("/dev/shm")
 
@@ -94,84 +94,13 @@ def start_launchers(commands: list[list[str]], cwd: Path, env: Mapping[str, str]
     return launchers
 
 
-# The launch's watchdog: a tiny process that gets SIGTERM when the kernel that started the launch dies
-# (see die_with_parent; it also notices a new parent process id, in case the kernel died before the
-# prctl took effect) and then kills the launch's process groups and removes its /dev/shm buffers. The
-# deepspeed CLI does not forward SIGTERM to its launcher on a single node, so killing the CLI alone
-# would orphan the ranks; and a killed kernel never reaches release_shm_buffers.
-# A launch over ssh: its launcher groups get SIGKILL first (see kill_ssh_launch), then every process whose
-# environment names the run folder is ended as well (Linux: /proc/<pid>/environ).
-# argv: parent pid, shm glob, run folder, "ssh" or "local", process group ids.
-_WATCHDOG = """
-import glob, os, signal, sys, time
-parent, shm, run_dir, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-groups = [int(g) for g in sys.argv[5:]]
-def alive(g):
-    try:
-        os.killpg(g, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-def of_run():
-    mark, found = ("COURSE_RUN_DIR=" + run_dir).encode(), []
-    try:
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != os.getpid()]
-    except OSError:
-        return found
-    for pid in pids:
-        for part in ("environ", "cmdline"):       # the shell sshd started sets it on its command line
-            try:
-                with open(f"/proc/{pid}/{part}", "rb") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if (mark in text.split(b"\\0")) if part == "environ" else (mark in text):
-                found.append(pid)
-                break
-    return found
-def end(*_):
-    if mode == "ssh":
-        for g in groups:
-            try:
-                os.killpg(g, signal.SIGKILL)
-            except OSError:
-                pass
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in groups:
-            try:
-                os.killpg(g, sig)
-            except OSError:
-                pass
-        for pid in of_run():
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.time() + 3
-        while time.time() < deadline and (any(alive(g) for g in groups) or of_run()):
-            time.sleep(0.1)
-    for path in glob.glob(shm):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    sys.exit(0)
-signal.signal(signal.SIGTERM, end)
-while True:
-    time.sleep(1)
-    if os.getppid() != parent:
-        end()
-"""
-
-
 def start_watchdog(launchers: list[subprocess.Popen], port: int, run_dir: Path,
                    over_ssh: bool = False) -> subprocess.Popen:
-    """Start the watchdog of these launchers (see ``_WATCHDOG``); kill it when the launch ends normally."""
-    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), shm_pattern(port), str(run_dir),
-                             "ssh" if over_ssh else "local", *(str(p.pid) for p in launchers)],
-                            preexec_fn=die_with_parent, stdin=subprocess.DEVNULL)
+    """Start the launch's watchdog (:func:`course_utils.reaper.watch`), which ends the launch should the kernel
+    die; kill it when the launch ends normally."""
+    return subprocess.Popen([sys.executable, "-m", "course_utils.reaper", str(os.getpid()), shm_pattern(port),
+                             str(run_dir), "ssh" if over_ssh else "local", *(str(p.pid) for p in launchers)],
+                            cwd=paths.ROOT, preexec_fn=die_with_parent, stdin=subprocess.DEVNULL)
 
 
 def signal_groups(launchers: Iterable[subprocess.Popen], sig: int) -> None:
@@ -184,68 +113,32 @@ def signal_groups(launchers: Iterable[subprocess.Popen], sig: int) -> None:
 
 
 def kill_group(launchers: list[subprocess.Popen]) -> None:
-    """SIGTERM every process of the launch (its groups and all descendants), then SIGKILL what is left."""
-    victims: list[psutil.Process] = []
-    for p in launchers:
-        try:
-            parent = psutil.Process(p.pid)
-            victims += [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    signal_groups(launchers, signal.SIGTERM)
-    for v in victims:          # descendants that left the group (a rank calling setsid) are reached too
-        try:
-            v.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(victims, timeout=5)
-    for v in alive:
-        try:
-            v.kill()
-        except psutil.NoSuchProcess:
-            pass
-    signal_groups(launchers, signal.SIGKILL)
+    """SIGTERM every process of the launch (its groups and all descendants, a rank calling setsid included), then
+    SIGKILL what is left (:func:`course_utils.reaper.end`)."""
+    tree = [pid for p in launchers for pid in reaper.tree(p.pid)]
+    reaper.end(lambda: [pid for pid in tree if reaper.alive(pid)], [p.pid for p in launchers], rounds=1)
     for p in launchers:
         p.wait()
 
 
 def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """The live processes whose environment names ``run_dir`` (``COURSE_RUN_DIR``): the launch's launcher,
-    pdsh and its ssh clients, and on every host of a launch over ssh the node's launcher and its ranks; and
-    those whose command line sets it (the shell sshd starts on each host, ``export COURSE_RUN_DIR=...; cd ...;
-    python -m deepspeed.launcher.launch ...``, before it starts the node's launcher)."""
-    setting = f"{run_folder.ENV}={run_dir}"
+    """The live processes of the run (:func:`course_utils.reaper.of_run`): the launch's launcher, pdsh and its ssh
+    clients, and on every host of a launch over ssh the node's launcher and its ranks, and the shell sshd starts
+    there (``export COURSE_RUN_DIR=...; cd ...; python -m deepspeed.launcher.launch ...``)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if p.pid == os.getpid():
-            continue
+    for pid in reaper.of_run(run_dir):
         try:
-            if any(setting in arg for arg in p.info["cmdline"] or ()) or \
-                    p.environ().get(run_folder.ENV) == str(run_dir):
-                found.append(p)
-        except (psutil.Error, OSError):      # gone, a zombie, or another user's process
+            found.append(psutil.Process(pid))
+        except psutil.Error:
             pass
     return found
 
 
 def end_run_processes(run_dir: Path, grace: float = 5.0, at_once: bool = False) -> None:
-    """SIGTERM every process of the run (:func:`run_processes`), SIGKILL what is left after ``grace`` seconds
-    (``at_once``: SIGKILL only, for launchers left idle after their ranks are done); again while any remain (a
-    node's launcher may start a rank while it is being ended)."""
-    steps = ((signal.SIGKILL, 2.0),) if at_once else ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0))
-    for _ in range(3):
-        victims = run_processes(run_dir)
-        if not victims:
-            return
-        for sig, wait in steps:
-            for v in victims:
-                try:
-                    v.send_signal(sig)
-                except psutil.Error:
-                    pass
-            _, victims = psutil.wait_procs(victims, timeout=wait)
-            if not victims:
-                break
+    """SIGTERM every process of the run, SIGKILL what is left after ``grace`` seconds (``at_once``: SIGKILL only,
+    for launchers left idle after their ranks are done); again while any remain (a node's launcher may start a
+    rank while it is being ended)."""
+    reaper.end(lambda: reaper.of_run(run_dir), grace=grace, at_once=at_once)
 
 
 def kill_ssh_launch(launchers: list[subprocess.Popen], run_dir: Path, at_once: bool = False) -> None:

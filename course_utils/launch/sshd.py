@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import psutil
-
-from .. import paths
+from .. import paths, reaper
 from .commands import free_port
 from .processes import die_with_parent
 from .sshd_setup import find_tool, make_keys, remove_stale, write_configs
@@ -236,18 +234,6 @@ def _check_logins(cluster: LoopbackHosts, timeout: float) -> None:
 
 def _end_tree(process: subprocess.Popen, grace: float = 3.0) -> None:
     """SIGTERM ``process`` and every descendant (taken before the first signal), SIGKILL what is left, reap it."""
-    try:
-        root = psutil.Process(process.pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for sig in ("terminate", "kill"):
-        for p in tree:
-            try:
-                getattr(p, sig)()
-            except psutil.Error:
-                pass
-        _, tree = psutil.wait_procs(tree, timeout=grace)
-        if not tree:
-            break
+    tree = reaper.tree(process.pid)
+    reaper.end(lambda: [p for p in tree if reaper.alive(p)], grace=grace, rounds=1)
     process.wait()
