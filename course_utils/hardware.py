@@ -67,6 +67,15 @@ def placement(hw: Hardware, procs: int | None = None, min_ranks: int | None = No
     return Placement(want)
 
 
+def cpu_ranks_env(world_size: int, gpu_machine: bool = False) -> dict[str, str]:
+    """What makes a launch's ranks CPU ranks over gloo: DeepSpeed's CPU accelerator (no probing, no warning), the
+    cores shared instead of every rank spinning on all of them, and on a GPU machine no GPU visible to them."""
+    env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, world_size)))}
+    if gpu_machine:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 @functools.lru_cache(maxsize=None)
 def detect() -> Hardware:
     """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once).
@@ -78,7 +87,7 @@ def detect() -> Hardware:
     import torch
 
     if not torch.cuda.is_available():      # skip DeepSpeed's probing (and its warning) on a CPU machine
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("DS_ACCELERATOR", cpu_ranks_env(1)["DS_ACCELERATOR"])
     from deepspeed.accelerator import get_accelerator
 
     acc = get_accelerator()

@@ -11,6 +11,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from .rank import zero_rules
 from .rank.zero_rules import GB, per_rank_placement, zero_formula
 
 PAPER_RANKS = (1, 4, 16, 64, 256, 1024)
@@ -129,15 +130,16 @@ def nvme_host_bytes(partition_numel: float, sub_group_size: float = 1e9, optimiz
     return optimizer_buffer_count * sub_group * 4 + param_buffer_count * param_buffer_size * 2
 
 
-# (name, stage, offload optimizer, offload params, nvme, gradient checkpointing) in the usual order of advice
+# (name, (ZeRO stage, zero_optimization keys), gradient checkpointing) in the usual order of advice: the rungs of
+# notebook 04's ladder (zero_rules.LADDER), after a batch of 1 and checkpointing, and before ZeRO-Infinity
 OOM_LADDER = [
-    ("batch 1 + gradient accumulation", 0, False, False, False, False),
-    ("+ gradient checkpointing", 0, False, False, False, True),
-    ("ZeRO stage 2", 2, False, False, False, True),
-    ("ZeRO stage 2 + offload_optimizer", 2, True, False, False, True),
-    ("ZeRO stage 3", 3, False, False, False, True),
-    ("ZeRO stage 3 + offload_param + offload_optimizer", 3, True, True, False, True),
-    ("ZeRO-Infinity: offload to NVMe", 3, True, True, True, True),
+    ("batch 1 + gradient accumulation", zero_rules.LADDER["stage 0"], False),
+    ("+ gradient checkpointing", zero_rules.LADDER["stage 0"], True),
+    ("ZeRO stage 2", zero_rules.LADDER["stage 2"], True),
+    ("ZeRO stage 2 + offload_optimizer", zero_rules.LADDER["stage 2 + offload"], True),
+    ("ZeRO stage 3", zero_rules.LADDER["stage 3"], True),
+    ("ZeRO stage 3 + offload_param + offload_optimizer", zero_rules.LADDER["stage 3 + offload"], True),
+    ("ZeRO-Infinity: offload to NVMe", (3, zero_rules.nvme_offload("/local_nvme")), True),
 ]
 
 
@@ -155,7 +157,8 @@ def first_fit(w: Workload, m: Machine, max_batch: int = 1024) -> dict[str, Any]:
     "gpu_gb", "cpu_gb", "micro_batch", "why", "tried"}; ``rung`` is None when nothing fits.
     """
     tried = []
-    for name, stage, off_opt, off_param, nvme, ckpt in OOM_LADDER:
+    for name, (stage, zero), ckpt in OOM_LADDER:
+        off_opt, off_param, nvme = zero_rules.offload_flags(zero)
         states_gpu, cpu = rung_needs(w, m, stage, off_opt, off_param, nvme)
         act = w.ckpt_act_gb_per_sample if ckpt else w.act_gb_per_sample
         gpu = states_gpu + act
@@ -180,12 +183,12 @@ def config_rung(parsed: Any) -> tuple[int, bool, bool, bool]:
     (:func:`course_utils.configs.parse`), in the ladder's terms."""
     zero = parsed.zero_config
 
-    def device(section: Any) -> str:
-        found = getattr(section, "device", None) if section is not None else None
-        return str(getattr(found, "value", found))
+    def section(found: Any) -> dict:
+        device = getattr(found, "device", None) if found is not None else None
+        return {"device": str(getattr(device, "value", device))} if device is not None else {}
 
-    opt, param = device(zero.offload_optimizer), device(zero.offload_param)
-    return int(zero.stage), opt in ("cpu", "nvme"), param in ("cpu", "nvme"), "nvme" in (opt, param)
+    as_keys = {k: s for k in zero_rules.OFFLOAD_MOVES if (s := section(getattr(zero, k, None)))}
+    return (int(zero.stage), *zero_rules.offload_flags(as_keys))
 
 
 def plan_problem(parsed: Any, w: Workload, m: Machine, global_batch: int) -> str | None:
@@ -225,8 +228,7 @@ def plan_problem(parsed: Any, w: Workload, m: Machine, global_batch: int) -> str
 
 # The calculator's offload choices, as the zero_optimization keys they stand for: what each moves is
 # zero_rules.OFFLOAD_MOVES, the same rule notebook 04's prediction uses (its measurement reads the tensors).
-OFFLOAD = {"none": {}, "optimizer": {"offload_optimizer": {"device": "cpu"}},
-           "optimizer + params": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+OFFLOAD = {"none": {}, "optimizer": zero_rules.OPTIMIZER_TO_HOST, "optimizer + params": zero_rules.STATES_TO_HOST}
 
 
 def per_rank_bytes(params_b: float, ranks: int, stage: int, offload: str, dtype: str) -> dict[str, dict[str, float]]:

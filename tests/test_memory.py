@@ -146,7 +146,7 @@ def test_offload_optimizer_matches_deepspeeds_estimator():
 def test_notebook_04_prediction_and_notebook_05_calculator_agree(dtype, ranks):
     """The same model size, ranks, stage, offload and dtype give the same accelerator bytes in notebook 04's
     ladder prediction and in notebook 05's calculator."""
-    from course_utils.rank.engine import LADDER
+    from course_utils.rank.zero_rules import LADDER
     from course_utils.views.offload import ladder_prediction
 
     psi = 13_824_000

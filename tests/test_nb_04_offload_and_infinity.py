@@ -4,7 +4,7 @@ import pytest
 
 from conftest import run_notebook, student_errors
 from course_utils.rank import zero_rules
-from course_utils.rank.engine import LADDER
+from course_utils.rank.zero_rules import LADDER
 
 NAME = "04_offload_and_infinity"
 pytestmark = pytest.mark.notebook

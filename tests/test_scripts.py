@@ -11,7 +11,7 @@ import torch
 from course_utils import checks, paths, scripts
 from course_utils.rank import data
 from course_utils.rank.distributed import gather_predictions
-from course_utils.rank.engine import LADDER
+from course_utils.rank.zero_rules import LADDER
 from course_utils.rank.memory import TensorEntry
 from course_utils.rank.record import plain, read_as
 from course_utils.rank.scaffolding import load_config, load_exercise, parse_args, read_config

@@ -29,9 +29,9 @@ def rank_environment(run_dir: Path, world_size: int, extra: Mapping[str, Any] | 
     for name, value in QUIET_ENV.items():
         env.setdefault(name, value)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RANK_HOOK), str(paths.ROOT), env.get("PYTHONPATH")) if p)
-    if not hardware.detect().is_gpu:     # share the cores instead of every rank spinning on all of them
-        env.setdefault("DS_ACCELERATOR", "cpu")
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    if not hardware.detect().is_gpu:
+        for name, value in hardware.cpu_ranks_env(world_size).items():
+            env.setdefault(name, value)
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
 

@@ -6,6 +6,8 @@ messages) reads the same settings and none of them can change a setting behind a
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -53,6 +55,21 @@ class LaunchOptions:
             raise ValueError(f'on_timeout must be "stacks" or "kill", not {self.on_timeout!r}')
         if self.stall is not None and not self.stall > 0:
             raise ValueError(f"stall must be a number of seconds > 0 (or None), not {self.stall!r}")
+
+    @classmethod
+    def settings(cls) -> list[str]:
+        """The fields a caller sets (``procs`` is resolved from the hardware first)."""
+        return [f.name for f in dataclasses.fields(cls) if f.name != "procs"]
+
+    @classmethod
+    def signature_of(cls, function: Any) -> inspect.Signature:
+        """``function``'s signature with its ``**settings`` spelled out as these fields, defaults and all."""
+        sig = inspect.signature(function)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        spelled = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=fields[n].default,
+                                     annotation=fields[n].type) for n in cls.settings()]
+        kept = [p for p in sig.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+        return sig.replace(parameters=kept + spelled)
 
     @property
     def node_count(self) -> int:

@@ -18,7 +18,7 @@ from .. import hardware, opbuild, paths
 from . import commands as cmds
 from .environment import rank_environment
 from .failures import failure_message, finished_message, hidden_note
-from .options import DEFAULT_TIMEOUT, LaunchOptions
+from .options import LaunchOptions
 from .processes import (end_run_processes, kill_group, kill_ssh_launch, release_build_locks, release_shm_buffers,
                         signal_groups, start_launchers, start_watchdog)
 from .result import LaunchError, LaunchResult
@@ -29,13 +29,12 @@ from ..rank.record import read_records
 from .. import run_folder
 
 
-def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, config: dict | str | Path | None = None,
-              timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, nodes: int = 1,
-              hosts: Sequence[str] | None = None, ssh_config: str | Path | None = None, name: str | None = None,
-              trainer: bool = False, config_arg: str = "--deepspeed_config", check: bool = True,
-              verbose: bool = False, quiet: bool = False, precheck: bool = True,
-              min_ranks: int | None = None, on_timeout: str = "stacks", stall: float | None = None) -> LaunchResult:
+def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, min_ranks: int | None = None,
+              **settings: Any) -> LaunchResult:
     """Launch ``script`` on ``procs`` ranks (per node) with the real ``deepspeed`` launcher.
+
+    ``settings`` are the fields of :class:`LaunchOptions` (their defaults are there, and ``help(deepspeed)``
+    shows them in its signature):
 
     - ``procs``: ranks per node; default one per GPU, or 2 CPU ranks without a GPU.
     - ``min_ranks``: the ranks the lesson needs; a GPU machine with fewer GPUs (or fewer than ``procs``) runs
@@ -61,16 +60,19 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, c
     - ``verbose``: also stream the launcher/library chatter (DeepSpeed's INFO lines, deprecation warnings;
       they are always in ``result.log``); ``quiet``: stream nothing but the final one-line summary.
     """
+    unknown = sorted(set(settings) - set(LaunchOptions.settings()))
+    if unknown:
+        raise TypeError(f"deepspeed() has no setting {', '.join(map(repr, unknown))}; its settings are procs, "
+                        f"min_ranks and {', '.join(LaunchOptions.settings())}")
     place = hardware.placement(hardware.detect(), procs, min_ranks)
     if place.cpu_on_gpu_machine:
-        env = {**(env or {}), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-        if not quiet:
+        settings["env"] = {**(settings.get("env") or {}), **hardware.cpu_ranks_env(place.procs, gpu_machine=True)}
+        if not settings.get("quiet"):
             print(place.note, flush=True)
-    options = LaunchOptions(procs=place.procs, nodes=nodes, hosts=hosts, ssh_config=ssh_config, config=config,
-                            trainer=trainer, config_arg=config_arg, timeout=timeout, env=env, name=name,
-                            check=check, verbose=verbose, quiet=quiet, precheck=precheck, on_timeout=on_timeout,
-                            stall=stall)
-    return run(script, script_args, options)
+    return run(script, script_args, LaunchOptions(procs=place.procs, **settings))
+
+
+deepspeed.__signature__ = LaunchOptions.signature_of(deepspeed)    # help() and the notebook's tooltip list them
 
 
 def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) -> LaunchResult:

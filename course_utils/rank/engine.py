@@ -14,24 +14,6 @@ from .. import paths
 from .models import PRESETS
 from .scaffolding import read_config
 
-# The offload ladder of notebook 04 in its documented order (fastest / most accelerator memory first):
-# rung → (ZeRO stage, what it adds to zero_optimization).
-LADDER = {
-    "stage 0": (0, {}),
-    "stage 1": (1, {}),
-    "stage 2": (2, {}),
-    "stage 2 + offload": (2, {"offload_optimizer": {"device": "cpu"}}),
-    "stage 3": (3, {}),
-    "stage 3 + offload": (3, {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}),
-}
-
-
-def nvme_offload(folder: str) -> dict:
-    """zero_optimization keys for ZeRO-Infinity: optimizer states and parameters swapped to ``folder``."""
-    return {"offload_optimizer": {"device": "nvme", "nvme_path": folder, "pin_memory": False, "buffer_count": 4},
-            "offload_param": {"device": "nvme", "nvme_path": folder, "pin_memory": False, "buffer_count": 5,
-                              "buffer_size": 1e8}}
-
 
 def ds_config(stage: int, dtype: str = "bf16", micro_batch: int = 1, **zero: Any) -> dict:
     """The course config ``configs/zero<stage>.json`` for ``dtype`` ("fp32" | "bf16" | "fp16") with a

@@ -131,6 +131,35 @@ def offloaded(zero: Mapping) -> set[str]:
             if key in zero and (zero[key] or {}).get("device", "cpu") != "none" for state in states}
 
 
+def offload_flags(zero: Mapping) -> tuple[bool, bool, bool]:
+    """(offloads the optimizer states, offloads the parameters, to NVMe) of a ``zero_optimization`` section."""
+    devices = {(zero.get(key) or {}).get("device", "cpu") for key in OFFLOAD_MOVES if key in zero}
+    moved = offloaded(zero)
+    return "optimizer" in moved, "params" in moved, "nvme" in devices
+
+
+OPTIMIZER_TO_HOST = {"offload_optimizer": {"device": "cpu"}}
+STATES_TO_HOST = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+
+# The offload ladder in its documented order (fastest / most accelerator memory first): rung → (ZeRO stage, what it
+# adds to zero_optimization). Notebook 04 runs these rungs; notebook 05's out-of-memory ladder climbs the same ones.
+LADDER = {
+    "stage 0": (0, {}),
+    "stage 1": (1, {}),
+    "stage 2": (2, {}),
+    "stage 2 + offload": (2, OPTIMIZER_TO_HOST),
+    "stage 3": (3, {}),
+    "stage 3 + offload": (3, STATES_TO_HOST),
+}
+
+
+def nvme_offload(folder: str) -> dict:
+    """zero_optimization keys for ZeRO-Infinity: optimizer states and parameters swapped to ``folder``."""
+    return {"offload_optimizer": {"device": "nvme", "nvme_path": folder, "pin_memory": False, "buffer_count": 4},
+            "offload_param": {"device": "nvme", "nvme_path": folder, "pin_memory": False, "buffer_count": 5,
+                              "buffer_size": 1e8}}
+
+
 def placement(states: Mapping[str, float], zero: Mapping) -> dict[str, dict[str, float]]:
     """Each model state's bytes split into ``{"device": …, "host": …}`` by what ``zero`` offloads."""
     moved = offloaded(zero)

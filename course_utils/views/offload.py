@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .. import scripts
-from ..rank.engine import LADDER
+from ..rank.zero_rules import LADDER
 from ..rank.record import read_as
 from ..rank.zero_rules import STATES as MODEL_STATES, placement, predicted_device_bytes
 
