@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tutorial_loop", action="store_true", help="the tutorial's loop: no DistributedSampler")
     parser.add_argument("--functions", nargs="*", default=[],
                         help="files defining shard_loader and/or gather_predictions, used instead of course_utils'")
-    parser.add_argument("--output_dir", default=str(run_folder.here() / "checkpoint"))
+    parser.add_argument("--output_dir", default=None, help="where the checkpoint goes (default: the run folder's checkpoint/)")
     return parser
 
 
@@ -173,6 +173,7 @@ def main(argv=None) -> None:
         record("train_seconds", train_seconds)
 
     if not args.tutorial_loop:
+        args.output_dir = args.output_dir or str(run_folder.here() / "checkpoint")
         engine.save_checkpoint(args.output_dir, tag="final")
         fresh = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS,
                                      seed=args.seed + 1)           # different random weights on purpose
