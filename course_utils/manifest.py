@@ -20,7 +20,7 @@ MANIFEST = paths.NOTEBOOKS / "manifest.toml"
 README = paths.ROOT / "README.md"
 REQUIRED = {"title": str, "what_you_do": str, "ranks": int, "smoke_seconds": int, "full_seconds": int,
             "full_beside": bool}
-OPTIONAL = {"services": list, "runs_alone": str}
+OPTIONAL = {"services": list, "runs_alone": str, "student_parameters": dict}
 README_BEGIN = "<!-- notebook table: written by `python -m course_utils.manifest --write` from notebooks/manifest.toml -->"
 README_END = "<!-- end of notebook table -->"
 

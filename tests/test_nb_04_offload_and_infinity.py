@@ -2,7 +2,7 @@
 tensors show compared with what zero_rules predicts from the config."""
 import pytest
 
-from conftest import run_notebook, student_errors
+from conftest import run_notebook
 from course_utils.rank import zero_rules
 from course_utils.rank.zero_rules import LADDER
 
@@ -72,11 +72,3 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert yours["persistent_numel"] == yours["total"] - yours["embedding"] > 0
     assert yours["gathered"] == yours["embedding"]
     assert knobs["knobs: yours (exercise 2)"]["persistent_numel"] == yours["persistent_numel"]
-
-
-@pytest.mark.extended      # a whole run of the student copy, too slow for `make test`: pytest -m extended
-def test_student_copy_runs_to_the_end(tmp_path):
-    exercises, errors = student_errors(NAME, tmp_path)
-    assert exercises == 2
-    assert errors == ["ExerciseNotDone"] * exercises, (
-        f"on the student copy only the {exercises} exercises' checks may fail, each with ExerciseNotDone; cells raised {errors}")
