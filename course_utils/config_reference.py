@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="only say whether the committed reference is current")
     a = parser.parse_args(argv)
+    from . import hardware
+    hardware.detect()     # before DeepSpeed is imported: on a CPU machine no "Setting accelerator to CPU" warning
     text = render(reference_keys())
     if a.check:
         current = REFERENCE.exists() and REFERENCE.read_text() == text

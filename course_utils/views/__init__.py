@@ -2,6 +2,6 @@
 
 One module per topic: :mod:`.distributed` (01), :mod:`.zero` (03), :mod:`.offload` (04),
 :mod:`.precision` (06), :mod:`.schedules` (07), :mod:`.trainer` (07, 08), :mod:`.translation` (10), :mod:`.perf` (11),
-:mod:`.adapters` (12); :mod:`.source` quotes the installed
+:mod:`.adapters` (12), :mod:`.parallel` (13); :mod:`.source` quotes the installed
 libraries' lines for all of them. Ranks never import these.
 """

@@ -1,0 +1,283 @@
+"""Pipeline parallelism inside the ranks (notebook 13): DeepSpeed's ``PipelineModule`` on a small stack of
+equal blocks, its schedule as DeepSpeed's own ``TrainSchedule`` yields it, and each stage's instructions timed
+and counted while ``engine.train_batch()`` runs them.
+
+The engine looks every instruction up in ``_INSTRUCTION_MAP`` (``runtime/pipe/engine.py``, ``_exec_schedule``)
+and its sends go through ``runtime/pipe/p2p.py``; :func:`instrument` wraps both on one engine, so what is
+measured is what DeepSpeed executed, not a model of it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .record import Record
+
+WIDTH = 256         # features of each block (Linear → GELU → Linear)
+BLOCKS = 8          # blocks of the model: half on each of 2 stages
+MICRO = 128         # samples per micro-batch
+
+
+@dataclass
+class Bubble(Record, name="pipeline_bubble_row"):
+    """One stage's idle share of a ``train_batch`` of ``m`` micro-batches (median over batches)."""
+    m: int
+    stages: int
+    stage: int
+    idle_share: float            # 1 − (forward + backward time) / pipeline window: median over the timed batches
+    last_share: float            # the same for the last batch, whose instruction stream is recorded
+    formula: float               # (p − 1) / (m + p − 1)
+    busy_ms: float
+    window_ms: float
+    idle_steps: int              # schedule steps in which this stage ran no forward or backward pass
+    steps: int                   # schedule steps of the batch: 2 (m + p − 1)
+    in_flight: int               # most micro-batches whose activations this stage held at once
+    by_instruction: dict         # milliseconds spent in each instruction type (one batch)
+
+
+@dataclass
+class StageStream(Record, name="pipeline_stream"):
+    """The instructions one stage executed in one ``train_batch`` (names and buffer ids), step by step."""
+    m: int
+    stage: int
+    executed: list
+    scheduled: list              # what TrainSchedule yields for this stage, for comparison
+    durations: list              # milliseconds of each executed instruction, in order
+
+
+@dataclass
+class StageBytes(Record, name="pipeline_p2p_bytes"):
+    """What one stage sent to its neighbour in one ``train_batch``, by instruction."""
+    m: int
+    stage: int
+    sent: dict                   # instruction → bytes
+    activation_shape: list       # (micro-batch, width): the tensor crossing the stage boundary
+    element_bytes: int
+
+
+@dataclass
+class PipeZero(Record, name="pipeline_zero_state"):
+    """One rank of a pipeline with data-parallel replicas: what its optimizer holds at a ZeRO stage."""
+    stage: int
+    pipe_stage: int
+    data_parallel: int
+    stage_parameters: int
+    optimizer_state_bytes: int
+
+
+@dataclass
+class Partition(Record, name="pipeline_partition"):
+    """The parameters each stage of a ``PipelineModule`` holds, for the partition ``label``."""
+    label: str
+    layers: list                 # layers per stage
+    parameters: list             # parameters per stage
+
+
+@dataclass
+class PipeLosses(Record, name="pipeline_losses"):
+    label: str
+    losses: list = field(default_factory=list)
+
+
+def block(width: int = WIDTH):
+    """One block of the stack: Linear → GELU → Linear (its input and output are ``width`` wide)."""
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+
+def layers(blocks: int = BLOCKS, width: int = WIDTH, seed: int = 0) -> list:
+    """The model as a list of layers, the same weights on every rank (built before the partition)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return [block(width) for _ in range(blocks)]
+
+
+def lopsided_layers(width: int = 64) -> list:
+    """Exercise 2's model: two wide Linear layers, then six layers without parameters. "uniform" gives each
+    stage four layers, and so every parameter to the first stage."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    return [nn.Linear(width, 8 * width), nn.GELU(), nn.Linear(8 * width, width), nn.Tanh(),
+            nn.GELU(), nn.Tanh(), nn.GELU(), nn.Tanh()]
+
+
+def mse(output, target):
+    import torch.nn.functional as F
+
+    return F.mse_loss(output, target)
+
+
+def data(batches: int, m: int, width: int = WIDTH, micro: int = MICRO, seed: int = 1) -> list:
+    """``batches`` × ``m`` micro-batches of (input, target): a fixed random linear map plus noise."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(width, width, generator=g) / width ** 0.5
+    out = []
+    for _ in range(batches * m):
+        x = torch.randn(micro, width, generator=g)
+        out.append((x, x @ w + 0.1 * torch.randn(micro, width, generator=g)))
+    return out
+
+
+def engine(layers: list, config: dict, m: int, stage: int = 0, partition: str = "uniform", stages: int = 2):
+    """A pipeline engine over ``layers`` cut into ``stages`` stages, ``m`` micro-batches per ``train_batch``, at ZeRO
+    ``stage``; the ranks beyond ``stages`` become data-parallel replicas of each stage."""
+    import contextlib
+    import copy
+    import io
+
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.pipe import PipelineModule
+
+    cfg = copy.deepcopy(config)
+    cfg["gradient_accumulation_steps"] = m
+    cfg["train_batch_size"] = m * cfg["train_micro_batch_size_per_gpu"] * dist.get_world_size() // stages
+    cfg["zero_optimization"]["stage"] = stage
+    with contextlib.redirect_stdout(io.StringIO()):         # PipelineModule prints its partition on rank 0
+        pipe = PipelineModule(layers=layers, num_stages=stages, loss_fn=mse, partition_method=partition)
+    built, *_ = deepspeed.initialize(model=pipe, model_parameters=list(pipe.parameters()), config=cfg)
+    return built
+
+
+def schedule(m: int, stages: int, stage: int) -> list[list[str]]:
+    """The instruction stream DeepSpeed's ``TrainSchedule`` yields for one stage: one list per step."""
+    from deepspeed.runtime.pipe.schedule import TrainSchedule
+
+    return [[repr(cmd) for cmd in step] for step in TrainSchedule(micro_batches=m, stages=stages, stage_id=stage)]
+
+
+def formula(m: int, p: int) -> float:
+    """The bubble of a synchronous pipeline: (p − 1) / (m + p − 1) of the time each stage waits."""
+    return (p - 1) / (m + p - 1)
+
+
+class Trace:
+    """Each executed instruction of one engine: (name, kwargs, start, end) and the bytes its sends moved."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.sent: dict[str, int] = {}
+        self.steps: list[list[str]] = []      # the instruction names of each schedule step, as executed
+        self._current = None
+
+    def clear(self) -> None:
+        self.events, self.sent, self.steps = [], {}, []
+
+    def idle_steps(self) -> int:
+        return sum(1 for step in self.steps if not {"ForwardPass", "BackwardPass"} & set(step))
+
+    def by_instruction(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, _, t0, t1 in self.events:
+            out[name] = out.get(name, 0.0) + (t1 - t0) * 1e3
+        return {k: round(v, 2) for k, v in out.items()}
+
+    def busy(self) -> float:
+        return sum(t1 - t0 for name, _, t0, t1 in self.events if name in ("ForwardPass", "BackwardPass"))
+
+    def window(self) -> tuple[float, float]:
+        compute = [(t0, t1) for name, _, t0, t1 in self.events if name in ("ForwardPass", "BackwardPass")]
+        return self.events[0][2], max(t1 for _, t1 in compute)
+
+    def in_flight(self) -> int:
+        held = most = 0
+        for name, *_ in self.events:
+            held += {"ForwardPass": 1, "BackwardPass": -1}.get(name, 0)
+            most = max(most, held)
+        return most
+
+    def durations(self) -> list[float]:
+        return [(t1 - t0) * 1e3 for *_, t0, t1 in self.events]
+
+    def executed(self) -> list[str]:
+        return [f"{name}(buffer_id={kw['buffer_id']})" if "buffer_id" in kw else f"{name}()"
+                for name, kw, *_ in self.events]
+
+
+def instrument(engine) -> Trace:
+    """Time every instruction ``engine`` executes and count what its point-to-point sends move.
+
+    The engine binds ``self._INSTRUCTION_MAP[type(cmd)]`` for each instruction: an instance attribute of the same
+    name takes precedence over the class's, so only this engine is wrapped."""
+    from deepspeed.runtime.pipe import p2p
+
+    trace = Trace()
+
+    def timed(name, fn):
+        def run(self, **kwargs):
+            trace._current = name
+            t0 = time.perf_counter()
+            fn(self, **kwargs)
+            trace.events.append((name, kwargs, t0, time.perf_counter()))
+            trace.steps[-1].append(name)
+            trace._current = None
+        return run
+
+    def marked(schedule):                  # the engine iterates the schedule step by step: mark each step
+        for step in schedule:
+            trace.steps.append([])
+            yield step
+
+    plain_exec = engine._exec_schedule
+    engine._exec_schedule = lambda schedule: plain_exec(_Marked(schedule, marked))
+    engine._INSTRUCTION_MAP = {cls: timed(cls.__name__, fn) for cls, fn in type(engine)._INSTRUCTION_MAP.items()}
+    if not getattr(p2p.send, "_counted", False):
+        plain_send = p2p.send
+
+        def send(tensor, dest_stage, async_op=False):
+            key = _TRACES[-1]._current or "outside an instruction"
+            _TRACES[-1].sent[key] = _TRACES[-1].sent.get(key, 0) + tensor.numel() * tensor.element_size()
+            return plain_send(tensor, dest_stage, async_op)
+        send._counted = True
+        p2p.send = send
+    _TRACES.append(trace)
+    return trace
+
+
+_TRACES: list[Trace] = []      # the engine being measured is the last one instrumented
+
+
+class _Marked:
+    """A schedule whose iteration marks each step; ``num_pipe_buffers()`` still answers as the schedule's."""
+
+    def __init__(self, schedule, marked):
+        self.schedule, self.marked = schedule, marked
+
+    def num_pipe_buffers(self) -> int:
+        return self.schedule.num_pipe_buffers()
+
+    def __iter__(self):
+        return self.marked(self.schedule)
+
+
+def measure_batch(engine, trace: Trace, batches) -> tuple[float, tuple[float, float, float]]:
+    """Run one ``train_batch`` with every stage starting together; returns its loss and this stage's
+    (idle share, busy ms, window ms). The window runs from the first instruction of any stage to the end of the
+    last forward or backward pass of any stage: the span in which the pipeline computes."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    trace.clear()
+    loss = float(engine.train_batch(batches))
+    mine = torch.tensor(trace.window(), dtype=torch.float64)
+    every = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    window = max(w[1].item() for w in every) - min(w[0].item() for w in every)
+    return loss, (1 - trace.busy() / window, trace.busy() * 1e3, window * 1e3)
+
+
+def stage_parameters(pipe) -> list[int]:
+    """Parameters each stage of ``pipe`` holds (every rank counts its own stage; gathered over the ranks)."""
+    import torch.distributed as dist
+
+    mine = (pipe.stage_id, sum(p.numel() for p in pipe.parameters()))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return [dict(every)[s] for s in range(pipe.num_stages)]
