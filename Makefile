@@ -7,7 +7,7 @@ STAMP := $(VENV)/.course-setup
 KERNEL := deepspeed-course
 TEST_WORKERS ?= 2
 
-.PHONY: setup ops course test test-gpu lab student release grade catchup bench clean help preflight instructors
+.PHONY: setup ops course test test-gpu lab student release grade catchup bench clean help preflight instructors hub hub-stop
 
 help:
 	@echo "make preflight  before a workshop: will this machine run the course? (no set-up needed)"
@@ -21,10 +21,13 @@ help:
 	@echo "make release  [NB=\"00 05\"]  nbgrader's student assignments in build/nbgrader/release/ (one per notebook)"
 	@echo "make grade SUBMISSIONS=<folder> [SMOKE=1] [CELL_TIMEOUT=300]  autograde <folder>/<participant>/<notebook>/*.ipynb:"
 	@echo "              build/nbgrader/grades.csv, feedback HTML, a summary of what each got and where it stopped"
+	@echo "make hub ROSTER=<file> HUB_PASSWORD_FILE=<file> [PORT=8000] [IP=...] [OPEN=1]  (as root) the workshop on this"
+	@echo "              server: JupyterHub, a Unix user per participant, nbgrader's exchange (INSTRUCTORS.md)"
+	@echo "make hub-stop [REMOVE_USERS=1]  stop the hub, its proxy, every participant's server and launch"
 	@echo "make catchup NB=03 [UPTO=3] [COPY=<notebook>]  run a participant's copy (build/student/) down to a section,"
 	@echo "              their cells kept; then restore(\"03\") in their kernel brings the variables back"
 	@echo "make bench    runner overhead and launch-time benchmarks"
-	@echo "make instructors  copy the last full make course's timing table (build/instructors-timing.md) into INSTRUCTORS.md"
+	@echo "make instructors  record the last full make course's times in notebooks/manifest.toml and INSTRUCTORS.md's table"
 
 setup: $(STAMP)
 
@@ -34,13 +37,14 @@ preflight:
 # Each step prints one line (n of N, about how long) and its time; its output goes to build/setup.log.
 STEP = $(PY) -m course_utils.progress step
 
-$(STAMP): requirements.txt pyproject.toml course_utils/ops.py .ci/install-libaio .ci/install-multinode
+$(STAMP): requirements.txt pyproject.toml course_utils/ops.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(STEP) packages -- sh -c '$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -r requirements.txt \
 	  && $(PY) -m pip install -q --no-deps -e .'
 	@$(STEP) kernel -- $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "DeepSpeed course (.venv)"
 	@$(STEP) libaio -- bash .ci/install-libaio
 	@$(STEP) multinode -- bash .ci/install-multinode
+	@$(STEP) slurm -- bash .ci/install-slurm
 	@$(STEP) ops --show -- $(PY) -m course_utils.ops --build --first
 	@touch $(STAMP)
 
@@ -74,6 +78,17 @@ grade: ops
 catchup: ops
 	@test -n "$(NB)" || { echo "usage: make catchup NB=03 [UPTO=3] [COPY=<your notebook>]"; exit 2; }
 	$(PY) -m course_utils.catchup $(NB) $(if $(UPTO),--upto "$(UPTO)") $(if $(COPY),--copy "$(COPY)")
+
+# The workshop server (course_utils/workshop/hub.py): run as root; everything it writes is under build/hub/.
+hub: ops
+	@test -n "$(ROSTER)" || { echo "usage: sudo make hub ROSTER=<one user name a line> HUB_PASSWORD_FILE=<file> [PORT=8000]"\
+	  "[IP=127.0.0.1] [INSTRUCTOR=instructor] [IDLE=3600] [OPEN=1] [FORCE=1]"; exit 2; }
+	$(PY) -m course_utils.workshop.hub start --roster "$(ROSTER)" $(if $(HUB_PASSWORD_FILE),--password-file "$(HUB_PASSWORD_FILE)") \
+	  $(if $(PORT),--port $(PORT)) $(if $(IP),--ip $(IP)) $(if $(INSTRUCTOR),--instructor $(INSTRUCTOR)) \
+	  $(if $(IDLE),--idle-timeout $(IDLE)) $(if $(filter 1,$(OPEN)),--open-paths) $(if $(filter 1,$(FORCE)),--force)
+
+hub-stop:
+	$(PY) -m course_utils.workshop.hub stop $(if $(filter 1,$(REMOVE_USERS)),--remove-users)
 
 instructors: setup
 	$(PY) -m course_utils.instructors

@@ -125,24 +125,48 @@ def tree(pid: int) -> list[int]:
     return [p for p in out if alive(p)]
 
 
-def watch(parent: int, shm: str, run_dir: str, over_ssh: bool, groups: list[int]) -> None:
-    """The watchdog: wait until the starter dies (SIGTERM, or a new parent), then end the launch."""
-    def end_launch(*_) -> None:
-        if over_ssh:
-            _signal((), groups, signal.SIGKILL)
-        end(lambda: of_run(run_dir), groups, grace=3.0, rounds=1)
-        for path in glob.glob(shm):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+def watch_parent(parent: int, on_death: Callable[[], None]) -> None:
+    """A watchdog's life: wait until the process that started it dies (SIGTERM from ``PR_SET_PDEATHSIG``, or a new
+    parent process id), then call ``on_death`` and exit."""
+    def ended(*_) -> None:
+        on_death()
         sys.exit(0)
-    signal.signal(signal.SIGTERM, end_launch)
+    signal.signal(signal.SIGTERM, ended)
     while True:
         time.sleep(1)
         if os.getppid() != parent:
-            end_launch()
+            ended()
 
 
-if __name__ == "__main__":     # argv: parent pid, shm glob, run folder, "ssh" or "local", process group ids
-    watch(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "ssh", [int(g) for g in sys.argv[5:]])
+def end_launch(shm: str, run_dir: str, over_ssh: bool, groups: list[int]) -> None:
+    """What a launch's watchdog does when the kernel died: end the launch's groups and run, remove its buffers."""
+    if over_ssh:
+        _signal((), groups, signal.SIGKILL)
+    end(lambda: of_run(run_dir), groups, grace=3.0, rounds=1)
+    for path in glob.glob(shm):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def main(argv: list[str]) -> None:
+    """``launch <parent> <shm glob> <run folder> ssh|local <group>...``: a launch's watchdog;
+    ``call <parent> <module>:<function> <argument>...``: at the parent's death, import the function and call it
+    (a service the course started, as the Slurm cluster does)."""
+    kind, parent = argv[0], int(argv[1])
+    if kind == "launch":
+        watch_parent(parent, lambda: end_launch(argv[2], argv[3], argv[4] == "ssh", [int(g) for g in argv[5:]]))
+    elif kind == "call":
+        module, _, function = argv[2].partition(":")
+
+        def call() -> None:
+            import importlib
+            getattr(importlib.import_module(module), function)(*argv[3:])
+        watch_parent(parent, call)
+    else:
+        raise SystemExit(f"usage: python -m course_utils.reaper launch|call <parent pid> ...: not {kind!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import student_errors
 from course_utils import manifest
+from course_utils.launch import slurm
 
 pytestmark = [pytest.mark.extended, pytest.mark.notebook]
 
@@ -16,3 +17,4 @@ def test_the_student_copy_runs_to_the_end(name, tmp_path):
     assert exercises >= 1, f"{name} has no exercise"
     assert errors == ["ExerciseNotDone"] * exercises, (
         f"on the student copy only the {exercises} exercises' checks may fail, each with ExerciseNotDone; cells raised {errors}")
+    assert not slurm.leftovers(), "a Slurm cluster the student copy started outlived it"

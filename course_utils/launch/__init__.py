@@ -14,7 +14,10 @@ job each, so each can be read (and tested) on its own:
 - :mod:`.result`: :class:`LaunchResult` and the errors;
 - :mod:`.tool`: :func:`command`, one single-process tool;
 - :mod:`.sshd`: loopback "hosts" served by an sshd of the course's own, for DeepSpeed's multi-node path;
-  :mod:`.sshd_setup`: its programs, keys and files.
+  :mod:`.sshd_setup`: its programs, keys and files;
+- :mod:`.slurm`: a 2-node Slurm cluster of the course's own (munged, slurmctld, two slurmd, files under build/);
+  :mod:`.slurm_setup`: its programs, key and config; :mod:`.slurm_launch`: DeepSpeed launched under it three ways,
+  and the batch script a participant submits.
 """
 from __future__ import annotations
 

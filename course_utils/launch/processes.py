@@ -96,9 +96,9 @@ def start_launchers(commands: list[list[str]], cwd: Path, env: Mapping[str, str]
 
 def start_watchdog(launchers: list[subprocess.Popen], port: int, run_dir: Path,
                    over_ssh: bool = False) -> subprocess.Popen:
-    """Start the launch's watchdog (:func:`course_utils.reaper.watch`), which ends the launch should the kernel
+    """Start the launch's watchdog (:func:`course_utils.reaper.end_launch`), which ends the launch should the kernel
     die; kill it when the launch ends normally."""
-    return subprocess.Popen([sys.executable, "-m", "course_utils.reaper", str(os.getpid()), shm_pattern(port),
+    return subprocess.Popen([sys.executable, "-m", "course_utils.reaper", "launch", str(os.getpid()), shm_pattern(port),
                              str(run_dir), "ssh" if over_ssh else "local", *(str(p.pid) for p in launchers)],
                             cwd=paths.ROOT, preexec_fn=die_with_parent, stdin=subprocess.DEVNULL)
 

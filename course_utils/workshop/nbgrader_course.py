@@ -3,6 +3,7 @@ on it, and the release of the student notebooks (``nbgrader generate_assignment`
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def write_config(timeout: int = CELL_TIMEOUT, stop_wait: int = STOP_WAIT) -> Pat
     config = folder / "nbgrader_config.py"
     config.write_text(CONFIG.format(root=str(folder.resolve()), course_id=COURSE_ID,
                                     db_url=f"sqlite:///{(folder / 'gradebook.db').resolve()}",
-                                    exchange=str((folder / "exchange").resolve()), stub=CODE_STUB, timeout=timeout,
+                                    exchange=os.environ.get("COURSE_NBGRADER_EXCHANGE")   # a workshop hub's (hub.py)
+                                    or str((folder / "exchange").resolve()), stub=CODE_STUB, timeout=timeout,
                                     stop_wait=stop_wait))
     return config
 

@@ -1,0 +1,46 @@
+"""Notebook 14 executed with papermill on the course's 2-node Slurm cluster: the learner's sbatch job, DeepSpeed
+launched three ways (srun + --no_ssh, --launcher slurm without and with PMIx, --launcher openmpi), the crash and
+drained-node drills, and nothing of the cluster left afterwards. (The time-limit drill takes 60-90 s: it runs in the
+full notebook and in tests/test_slurm.py, not in the smoke run.)"""
+import pytest
+
+from conftest import run_notebook
+from course_utils.launch import slurm
+
+NAME = "14_your_cluster"
+WHY_NOT = slurm.why_not()
+pytestmark = [pytest.mark.notebook,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm cluster here: {WHY_NOT}")]
+
+
+def _by_rank(launch: dict) -> list[tuple]:
+    return [(r["rank"], r["node"], r["world_size"]) for r in launch["ranks"]]
+
+
+def test_deepspeed_under_slurm_three_ways_and_the_drills():
+    m = run_notebook(NAME)
+    launches = m["slurm_launches"]
+    assert set(launches) == {"srun", "slurm", "slurm (fixed)", "openmpi"}
+    for way in ("srun", "slurm (fixed)", "openmpi"):       # one rank on each Slurm node, one world of 2
+        assert launches[way]["exit_code"] == 0, (way, launches[way])
+        assert _by_rank(launches[way]) == [(0, "n1", 2), (1, "n2", 2)], way
+        assert {r["all_reduce"] for r in launches[way]["ranks"]} == {1.0 + 2.0}, way
+    # srun + --no_ssh: DeepSpeed's launcher on each node gave the node rank Slurm numbered
+    assert [(r["node_rank"], r["slurm_nodeid"], r["local_rank"]) for r in launches["srun"]["ranks"]] == [(0, 0, 0), (1, 1, 0)]
+    assert "--no_ssh --node_rank=$SLURM_NODEID" in launches["srun"]["command"]
+    # --launcher slurm without PMI: Open MPI cannot start under srun; with exercise 2's option MPI discovery places the ranks,
+    # no node rank, and the local rank counted by host name (both nodes are this machine)
+    assert launches["slurm"]["exit_code"] != 0 and not launches["slurm"]["ranks"]
+    assert "srun" in launches["slurm"]["error"]
+    for way in ("slurm (fixed)", "openmpi"):
+        assert [(r["node_rank"], r["local_rank"]) for r in launches[way]["ranks"]] == [(None, 0), (None, 1)], way
+        assert {r["master_addr"] for r in launches[way]["ranks"]} != {"127.0.0.1"}, "MPI discovery's own address"
+    # the exercise's batch job, the crash, the drained node
+    assert m["sbatch_job_state"] == "COMPLETED"
+    assert sorted((r["node"], r["node_rank"]) for r in m["sbatch_ranks"]) == [("n1", 0), ("n2", 1)]
+    assert m["crash_exit_code"] != 0 and m["crash_first_failing_rank"] == 1
+    assert "n2: task 1: Exited with exit code 1" in m["crash_srun_line"]
+    assert "ReqNodeNotAvail" in m["drained_pending_reason"]
+    assert m["smoke"] is True and m["slurm_timeout_state"] is None      # the time-limit drill: full run only
+    assert not slurm.leftovers()
+

@@ -1,0 +1,172 @@
+"""The course's 2-node Slurm cluster (course_utils.launch.slurm): its files, its start, a launch across both nodes,
+a job over its time limit, a drained node, and its stop — no munged, slurmctld, slurmd or slurmstepd left, no file
+outside the build folder, however it ended (stop(), the end of the block, the death of the process that started it)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from course_utils import paths
+from course_utils.launch import slurm, slurm_launch, slurm_setup
+from course_utils.launch.processes import run_processes
+
+WHY_NOT = slurm.why_not()
+needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm cluster here: {WHY_NOT}")
+
+
+def _outside_build(since: float) -> list[str]:
+    """Files Slurm, munge or PMIx might write by default, made since ``since``: none may be."""
+    found = []
+    for pattern in ("/tmp/spmix_appdir_*", "/tmp/ompi.*", "/tmp/slurmd*", "/run/munge/*", "/var/run/munge/*", "/var/spool/slurm*/*",
+                    "/var/log/slurm*/*", "/var/log/munge/*", "/var/lib/munge/*", "/var/lib/slurm*/*", f"{paths.ROOT}/slurm-*.out"):
+        for p in Path("/").glob(pattern.lstrip("/")):
+            try:
+                if p.stat().st_mtime >= since:
+                    found.append(str(p))
+            except OSError:
+                pass
+    return found
+
+
+def _gone(folder: Path, wait: float = 10.0) -> list[str]:
+    """What of the cluster in ``folder`` is left after up to ``wait`` seconds: processes, the folder itself."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = [f"{p.name()} {p.pid}" for p in slurm.cluster_processes(folder) if _running(p)]
+        left += [str(folder)] if folder.exists() else []
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _running(p) -> bool:
+    try:
+        return p.status() != "zombie"
+    except Exception:
+        return False
+
+
+# --- the parts, without a cluster ---
+
+def test_config_keeps_every_path_in_the_clusters_folder(tmp_path):
+    conf = slurm_setup.write_config(tmp_path, {"slurmctld": 7001, "n1": 7002, "n2": 7003}, ("n1", "n2"), 4)
+    lines = dict(line.split("=", 1) for line in conf.read_text().splitlines() if "=" in line and " " not in line)
+    for key in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile",
+                "SlurmdLogFile", "JobCompLoc"):
+        assert lines[key].startswith(str(tmp_path)), key
+    assert lines["AuthInfo"] == f"socket={tmp_path / 'munge.socket'}" and lines["SlurmctldPort"] == "7001"
+    assert lines["ProctrackType"] == "proctrack/linuxproc" and lines["TaskPlugin"] == "task/none"
+    text = conf.read_text()
+    assert "NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=127.0.0.1 Port=7002 CPUs=4" in text and "cgroup" not in text
+    node_conf = slurm_setup.node_config(tmp_path, "n2")
+    assert node_conf.read_text() == text
+    assert (node_conf.parent / "mpi.conf").read_text() == f"PMIxCliTmpDirBase={tmp_path / 'spool' / 'n2'}\n"
+    key = slurm_setup.make_key(tmp_path / "k" / "munge.key")
+    assert key.stat().st_size == 1024 and key.stat().st_mode & 0o777 == 0o400
+
+
+def test_missing_programs_are_named_with_their_packages(monkeypatch):
+    monkeypatch.setattr(slurm_setup, "find_tool", lambda name: None if name in ("munged", "sbatch") else f"/usr/bin/{name}")
+    reason = slurm_setup.why_not()
+    assert reason.startswith("munged, sbatch not found") and "apt-get install slurm-wlm munge" in reason
+
+
+def test_the_batch_template_builds_its_hostfile_from_the_jobs_nodes():
+    text = slurm_launch.batch_script("/v/bin/deepspeed", "scripts/14_slurm_ranks.py", "--sleep", 1)
+    assert text.startswith("#!/bin/bash\n#SBATCH") and "#SBATCH --nodes=2" in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
+    assert "--no_ssh --node_rank=\\$SLURM_NODEID" in text and "scripts/14_slurm_ranks.py --sleep 1" in text
+
+
+# --- a real cluster ---
+
+@needs_slurm
+def test_cluster_starts_runs_deepspeed_on_both_nodes_and_stops_clean():
+    """Start: both nodes idle. A DeepSpeed launch with srun + --no_ssh: one rank per Slurm node, node ranks 0 and 1,
+    the all_reduce sums over both. A drained node holds a job pending with its reason. Stop: nothing left."""
+    since = time.time() - 1
+    with slurm.slurm_cluster() as cluster:
+        folder = cluster.folder
+        assert cluster.node_states() == {"n1": "idle", "n2": "idle"}
+        assert len(set(cluster.ports.values())) == 3
+        run = slurm_launch.launch(cluster, "srun", timeout=120, quiet=True)
+        assert run.returncode == 0, run.output[-3000:]
+        ranks = run.ranks
+        assert [(r["rank"], r["node_rank"], r["node"], r["world_size"]) for r in ranks] == \
+            [(0, 0, "n1", 2), (1, 1, "n2", 2)]
+        assert {r["all_reduce"] for r in ranks} == {1.0 + 2.0}
+        assert not run_processes(run.run_dir)
+
+        cluster.command("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=course_test")
+        job = cluster.command("sbatch", "--parsable", "-w", "n2", f"--output={folder / 'drained.out'}",
+                              "--wrap", "true").stdout.strip()
+        info = cluster.wait(job, until=("PENDING",), timeout=20)
+        assert info["JobState"] == "PENDING" and "ReqNodeNotAvail" in info["Reason"], info
+        assert cluster.node_states()["n2"] in ("drain", "drng")     # drng: the launch's job still completing there
+        processes = [p.pid for p in slurm.cluster_processes(folder)]
+        assert len(processes) >= 4
+    assert not _gone(folder), _gone(folder)
+    assert not slurm.leftovers()
+    assert not _outside_build(since), _outside_build(since)
+
+
+@needs_slurm
+def test_an_interrupted_launch_cancels_its_job_and_ends_its_ranks():
+    """A KeyboardInterrupt (an interrupted cell) while the ranks sleep: the job is cancelled, no process of the
+    launch is left, the cluster goes on serving."""
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    with slurm.slurm_cluster() as cluster:
+        before = set(paths.runs_dir().glob("*")) if paths.runs_dir().exists() else set()
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.alarm(4)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                slurm_launch.launch(cluster, "srun", "--sleep", 120, timeout=100, quiet=True)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        [run_dir] = set(paths.runs_dir().glob("*")) - before
+        assert not run_processes(run_dir)
+        deadline = time.monotonic() + 20
+        while cluster.command("squeue", "-h").stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not cluster.command("squeue", "-h").stdout.strip(), "the launch's job is still queued or running"
+        assert cluster.command("srun", "-N", "2", "true").returncode == 0
+
+
+@needs_slurm
+def test_a_dead_starter_leaves_nothing(tmp_path):
+    """The process that started the cluster is killed outright (a dead kernel): the watchdog ends every daemon."""
+    code = ("import sys, time; from course_utils.launch import slurm; c = slurm.start(); "
+            "print(c.folder, flush=True); time.sleep(600)")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=paths.ROOT,
+                               env={**os.environ})
+    folder = Path(starter.stdout.readline().strip())
+    try:
+        assert folder.is_dir() and slurm.cluster_processes(folder)
+    finally:
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+    assert not _gone(folder, wait=20), _gone(folder)
+
+
+@needs_slurm
+def test_a_job_over_its_time_limit_ends_in_timeout():
+    """A job given one minute that would run ten: slurmctld ends it (its time-limit check runs every 30 s, so 60-90 s
+    after the job started) and scontrol and the job-completion record say TIMEOUT. The one slow test of this file."""
+    with slurm.slurm_cluster() as cluster:
+        job = slurm_launch.submit(cluster, "#!/bin/bash\nsrun sleep 600\n", "--time=1", "--nodes=2",
+                                  "--ntasks-per-node=1", name="timeout")
+        info = cluster.wait(job.job_id, timeout=150)
+        assert info["JobState"] == "TIMEOUT", info
+        assert cluster.completion(job.job_id).get("JobState") == "TIMEOUT"
+        folder = cluster.folder
+    assert not _gone(folder) and not slurm.leftovers()
