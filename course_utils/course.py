@@ -242,7 +242,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     if not selected and not smoke and all(o.ok for o in outcomes):     # a full run: the guide's timings, under build/
         from . import instructors
         if instructors.write_table(build / "report.md"):
-            print("INSTRUCTORS.md's timing table differs from this run: `make instructors` copies this run's into it")
+            print("INSTRUCTORS.md's timing table differs from this run: `make instructors` records this run's times in the manifest and the table")
     print(f"Report: {paths.relative(build / 'report.md')}; executed notebooks in {paths.relative(build / 'executed')}/, "
           f"HTML in {paths.relative(build / 'html')}/")
     return 0 if all(o.ok for o in outcomes) else 1
