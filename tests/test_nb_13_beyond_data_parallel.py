@@ -18,6 +18,7 @@ def test_pipeline_sequence_tensor_and_zeropp():
         assert 0 < r["idle_share"] < 1
         assert r["in_flight"] == min(2 - r["stage"], r["m"])
     timed = {(r["m"], r["stage"]): r["idle_share"] for r in rows}
+    assert abs((timed[(1, 0)] + timed[(1, 1)]) / 2 - 0.5) <= 0.1, "m = 1: each stage waits through the other's work"
     assert timed[(8, 0)] + timed[(8, 1)] < timed[(1, 0)] + timed[(1, 1)], "more micro-batches, a smaller bubble"
     assert m["pipeline_streams_match"] is True
     assert m["pipeline_p2p_bytes_match"] is True
