@@ -132,7 +132,7 @@ def left_seconds(waiting: list[str], running: Mapping[str, float], estimate: Map
 # The set-up steps of the Makefile, with their time on a fresh 2-core machine (measured 2026-11-25).
 SETUP_STEPS = {"packages": ("the pinned packages (pip)", 90), "kernel": ("the Jupyter kernel", 5),
                "libaio": ("libaio-dev for NVMe offload (apt)", 15), "multinode": ("pdsh and OpenSSH (apt)", 20),
-               "slurm": ("Slurm, munge and Open MPI for the cluster lessons (apt)", 60),
+               "slurm": ("Slurm, munge and Open MPI for the cluster lessons (apt)", 20),
                "ops": ("DeepSpeed's ops for the first notebooks", 35)}
 SETUP_LOG = "setup.log"
 
