@@ -53,10 +53,10 @@ def in_groups(groups: Iterable[int]) -> list[int]:
     return [pid for pid in _pids() if (s := _stat(pid)) and s[1] in wanted and s[0] not in ("Z", "X")] if wanted else []
 
 
-def of_run(run_dir: str | os.PathLike) -> list[int]:
-    """The live processes of a launch: their environment names its run folder (``COURSE_RUN_DIR``), or their
-    command line sets it (the shell sshd starts on each host of a launch over ssh sets it there)."""
-    mark, found = f"{run_folder.ENV}={run_dir}".encode(), []
+def marked(setting: str, in_command_line: str | None = None) -> list[int]:
+    """The live processes whose environment holds ``setting`` (``NAME=value``, exactly), or whose command line
+    holds ``in_command_line`` (default: ``setting`` itself)."""
+    env_mark, line_mark, found = setting.encode(), (in_command_line or setting).encode(), []
     for pid in _pids():
         for part in ("environ", "cmdline"):
             try:
@@ -64,11 +64,17 @@ def of_run(run_dir: str | os.PathLike) -> list[int]:
                     text = f.read()
             except OSError:
                 continue
-            if (mark in text.split(b"\0")) if part == "environ" else (mark in text):
+            if (env_mark in text.split(b"\0")) if part == "environ" else (line_mark in text):
                 if alive(pid):
                     found.append(pid)
                 break
     return found
+
+
+def of_run(run_dir: str | os.PathLike) -> list[int]:
+    """The live processes of a launch: their environment names its run folder (``COURSE_RUN_DIR``), or their
+    command line sets it (the shell sshd starts on each host of a launch over ssh sets it there)."""
+    return marked(f"{run_folder.ENV}={run_dir}")
 
 
 def _signal(pids: Iterable[int], groups: Iterable[int], sig: int) -> None:
@@ -95,17 +101,18 @@ def end(pids: Callable[[], list[int]] = list, groups: Iterable[int] = (), grace:
     def left() -> list[int]:
         return sorted(set(pids()) | set(in_groups(groups)))
     steps = ((signal.SIGKILL, 2.0),) if at_once else ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0))
+    rest = left()           # one scan of /proc per look: finding a run's processes reads every process's environment
     for _ in range(rounds):
-        if not left():
+        if not rest:
             return True
         for sig, wait in steps:
-            _signal(left(), groups, sig)
+            _signal(rest, groups, sig)
             deadline = time.monotonic() + wait
-            while left() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not left():
+            while (rest := left()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not rest:
                 break
-    return not left()
+    return not rest
 
 
 def tree(pid: int) -> list[int]:

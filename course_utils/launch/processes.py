@@ -121,17 +121,22 @@ def kill_group(launchers: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """The live processes of the run (:func:`course_utils.reaper.of_run`): the launch's launcher, pdsh and its ssh
-    clients, and on every host of a launch over ssh the node's launcher and its ranks, and the shell sshd starts
-    there (``export COURSE_RUN_DIR=...; cd ...; python -m deepspeed.launcher.launch ...``)."""
+def as_processes(pids: Iterable[int]) -> list[psutil.Process]:
+    """``pids`` as psutil processes (those gone meanwhile left out), for their names and states."""
     found = []
-    for pid in reaper.of_run(run_dir):
+    for pid in pids:
         try:
             found.append(psutil.Process(pid))
         except psutil.Error:
             pass
     return found
+
+
+def run_processes(run_dir: Path) -> list[psutil.Process]:
+    """The live processes of the run (:func:`course_utils.reaper.of_run`): the launch's launcher, pdsh and its ssh
+    clients, and on every host of a launch over ssh the node's launcher and its ranks, and the shell sshd starts
+    there (``export COURSE_RUN_DIR=...; cd ...; python -m deepspeed.launcher.launch ...``)."""
+    return as_processes(reaper.of_run(run_dir))
 
 
 def end_run_processes(run_dir: Path, grace: float = 5.0, at_once: bool = False) -> None:

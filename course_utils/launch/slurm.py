@@ -34,7 +34,7 @@ import psutil
 
 from .. import paths, reaper
 from .commands import free_port
-from .processes import die_with_parent
+from .processes import as_processes, die_with_parent
 from .slurm_setup import SOCKET_MAX, find_tool, make_key, node_config, remove_stale, why_not, write_config
 
 NODES = ("n1", "n2")
@@ -224,25 +224,21 @@ def _until(ready, cluster: SlurmCluster, what: str, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def cluster_processes(folder: Path) -> list[psutil.Process]:
+def cluster_pids(folder: Path) -> list[int]:
     """Live processes of the cluster in ``folder``: the daemons (its path on their command line) and whatever
     carries its ``slurm.conf`` in ``SLURM_CONF`` (job steps, their tasks, Slurm commands)."""
-    conf, mine = str(folder / "slurm.conf"), os.getpid()
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if p.pid != mine and (any(str(folder) in a for a in p.info["cmdline"] or ())
-                                  or p.environ().get("SLURM_CONF") == conf):
-                found.append(p)
-        except (psutil.Error, OSError):
-            pass
-    return found
+    return reaper.marked(f"SLURM_CONF={folder / 'slurm.conf'}", str(folder))
+
+
+def cluster_processes(folder: Path) -> list[psutil.Process]:
+    """:func:`cluster_pids` as processes (for the notebook and the tests: names, states)."""
+    return as_processes(cluster_pids(folder))
 
 
 def end_cluster(folder: Path, grace: float = 3.0) -> None:
     """SIGTERM every process of the cluster, SIGKILL what is left after ``grace`` seconds; again while any remain
     (a slurmd may start a step while it is being ended): :func:`course_utils.reaper.end`."""
-    reaper.end(lambda: [p.pid for p in cluster_processes(folder)], grace=grace)
+    reaper.end(lambda: cluster_pids(folder), grace=grace)
 
 
 def end_and_remove(folder: str) -> None:
