@@ -29,6 +29,7 @@ from .commands import deepspeed_cli, free_port, new_run_dir, resolve_script, wri
 from .environment import rank_environment
 from .processes import die_with_parent, end_run_processes, kill_group, release_shm_buffers
 from .slurm import SlurmCluster, why_not
+from .streams import LearnerFilter
 
 WAYS = ("srun", "slurm", "openmpi")
 SCRIPT = "14_slurm_ranks.py"
@@ -155,7 +156,7 @@ def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCR
                          seconds=time.monotonic() - started, timed_out=timed_out)
     (run_dir / "launch.log").write_text(output)
     if not quiet:
-        print(_learner_lines(output), flush=True)
+        print(learner_lines(output), flush=True)
         print(f"→ {way}: exit code {result.returncode}{' (timed out)' if timed_out else ''}, {len(result.ranks)} "
               f"rank record(s), {result.seconds:.1f} s; full output in {paths.relative(run_dir / 'launch.log')}")
     return result
@@ -180,10 +181,12 @@ def _cancel(cluster: SlurmCluster, job_name: str, proc: subprocess.Popen) -> Non
     kill_group([proc])
 
 
-def _learner_lines(output: str, limit: int = 40) -> str:
-    """What teaches in the output: the ranks' lines, errors and Slurm's messages, not DeepSpeed's INFO chatter."""
+def learner_lines(output: str, limit: int = 40) -> str:
+    """What teaches in the output of a launch or a job: the ranks' lines, errors and Slurm's messages, not
+    DeepSpeed's INFO and WARNING lines, Python's warnings, or the chatter the runner hides (:data:`.streams.CHATTER`)."""
+    chatter = LearnerFilter()
     keep = [ln for ln in output.splitlines() if ln.strip() and "[INFO]" not in ln and "[WARNING]" not in ln
-            and "Warning" not in ln]
+            and "Warning" not in ln and chatter.shows(f"[output] {ln}")]
     return "\n".join(keep[-limit:])
 
 
