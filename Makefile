@@ -32,12 +32,12 @@ help:
 setup: $(STAMP)
 
 preflight:
-	@$(PYTHON) -m course_utils.preflight
+	@$(PYTHON) -m course_utils.tooling.preflight
 
 # Each step prints one line (n of N, about how long) and its time; its output goes to build/setup.log.
-STEP = $(PY) -m course_utils.progress step
+STEP = $(PY) -m course_utils.kernel.progress step
 
-$(STAMP): requirements.txt pyproject.toml course_utils/ops.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
+$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(STEP) packages -- sh -c '$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -r requirements.txt \
 	  && $(PY) -m pip install -q --no-deps -e .'
@@ -45,16 +45,16 @@ $(STAMP): requirements.txt pyproject.toml course_utils/ops.py .ci/install-libaio
 	@$(STEP) libaio -- bash .ci/install-libaio
 	@$(STEP) multinode -- bash .ci/install-multinode
 	@$(STEP) slurm -- bash .ci/install-slurm
-	@$(STEP) ops --show -- $(PY) -m course_utils.ops --build --first
+	@$(STEP) ops --show -- $(PY) -m course_utils.kernel.ops --build --first
 	@touch $(STAMP)
 
 # Every DeepSpeed op the course uses (set-up builds only the first notebooks'; `make course` and `make lab` build
 # the rest in the background, and a launch waits for an op it loads).
 ops: setup
-	@$(PY) -m course_utils.ops --build
+	@$(PY) -m course_utils.kernel.ops --build
 
 course: setup
-	$(PY) -m course_utils.course run
+	$(PY) -m course_utils.tooling.course run
 
 test: ops
 	$(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1
@@ -63,35 +63,35 @@ test-gpu: ops
 	$(PY) -m pytest -m gpu -p no:xdist
 
 lab: setup
-	$(PY) -m course_utils.ops --background $(VENV)/bin/jupyter lab notebooks/ --KernelManager.transport_encryption=auto
+	$(PY) -m course_utils.kernel.ops --background $(VENV)/bin/jupyter lab notebooks/ --KernelManager.transport_encryption=auto
 
 student: setup
-	$(PY) -m course_utils.student
+	$(PY) -m course_utils.tooling.student
 
 release: setup
-	$(PY) -m course_utils.workshop release $(if $(NB),--only $(NB))
+	$(PY) -m course_utils.tooling.workshop release $(if $(NB),--only $(NB))
 
 grade: ops
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder>/<participant>/<notebook>/<notebook>.ipynb [SMOKE=1]"; exit 2; }
-	$(PY) -m course_utils.workshop grade "$(SUBMISSIONS)" $(if $(filter 1,$(SMOKE)),--smoke) $(if $(CELL_TIMEOUT),--timeout $(CELL_TIMEOUT))
+	$(PY) -m course_utils.tooling.workshop grade "$(SUBMISSIONS)" $(if $(filter 1,$(SMOKE)),--smoke) $(if $(CELL_TIMEOUT),--timeout $(CELL_TIMEOUT))
 
 catchup: ops
 	@test -n "$(NB)" || { echo "usage: make catchup NB=03 [UPTO=3] [COPY=<your notebook>]"; exit 2; }
-	$(PY) -m course_utils.catchup $(NB) $(if $(UPTO),--upto "$(UPTO)") $(if $(COPY),--copy "$(COPY)")
+	$(PY) -m course_utils.tooling.catchup $(NB) $(if $(UPTO),--upto "$(UPTO)") $(if $(COPY),--copy "$(COPY)")
 
-# The workshop server (course_utils/workshop/hub.py): run as root; everything it writes is under build/hub/.
+# The workshop server (course_utils/tooling/workshop/hub.py): run as root; everything it writes is under build/hub/.
 hub: ops
 	@test -n "$(ROSTER)" || { echo "usage: sudo make hub ROSTER=<one user name a line> HUB_PASSWORD_FILE=<file> [PORT=8000]"\
 	  "[IP=127.0.0.1] [INSTRUCTOR=instructor] [IDLE=3600] [OPEN=1] [FORCE=1]"; exit 2; }
-	$(PY) -m course_utils.workshop.hub start --roster "$(ROSTER)" $(if $(HUB_PASSWORD_FILE),--password-file "$(HUB_PASSWORD_FILE)") \
+	$(PY) -m course_utils.tooling.workshop.hub start --roster "$(ROSTER)" $(if $(HUB_PASSWORD_FILE),--password-file "$(HUB_PASSWORD_FILE)") \
 	  $(if $(PORT),--port $(PORT)) $(if $(IP),--ip $(IP)) $(if $(INSTRUCTOR),--instructor $(INSTRUCTOR)) \
 	  $(if $(IDLE),--idle-timeout $(IDLE)) $(if $(filter 1,$(OPEN)),--open-paths) $(if $(filter 1,$(FORCE)),--force)
 
 hub-stop:
-	$(PY) -m course_utils.workshop.hub stop $(if $(filter 1,$(REMOVE_USERS)),--remove-users)
+	$(PY) -m course_utils.tooling.workshop.hub stop $(if $(filter 1,$(REMOVE_USERS)),--remove-users)
 
 instructors: setup
-	$(PY) -m course_utils.instructors
+	$(PY) -m course_utils.tooling.instructors
 
 bench: ops
 	$(PY) bench/bench_launch.py $(BENCH_ARGS)

@@ -1,6 +1,6 @@
 """Benchmarks of the runner (`make bench`): numbers printed, not asserted.
 
-1. Runner overhead: course_utils.launch.deepspeed against a bare `deepspeed` command running the same
+1. Runner overhead: course_utils.kernel.launch.deepspeed against a bare `deepspeed` command running the same
    hello script (goal: ≤ 1.10×).
 2. What a launch costs against `python -c "import deepspeed"` (the interpreter starts it contains).
 3. With --tests: the wall time of `make test` (goal ≤ 10 min on 2 cores once set up).
@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from course_utils import launch, paths
+from course_utils.kernel import launch
+from course_utils.common import paths
 
 HELLO = paths.SCRIPTS / "00_hello.py"
 BIN = Path(sys.executable).parent
@@ -51,12 +52,12 @@ def main() -> None:
     a = parser.parse_args()
     runner_launch()                                   # warm caches (JIT ops, page cache) once
     rows = {}
-    for name, fn in [("bare deepspeed launch", bare_launch), ("course_utils.launch", runner_launch),
+    for name, fn in [("bare deepspeed launch", bare_launch), ("course_utils.kernel.launch", runner_launch),
                      ("python -c 'import deepspeed'", import_deepspeed)]:
         samples = [timed(fn) for _ in range(a.repeat)]
         rows[name] = statistics.median(samples)
         print(f"{name:32s} median {rows[name]:6.2f} s   (min {min(samples):.2f}, max {max(samples):.2f}, n={a.repeat})")
-    ratio = rows["course_utils.launch"] / rows["bare deepspeed launch"]
+    ratio = rows["course_utils.kernel.launch"] / rows["bare deepspeed launch"]
     print(f"runner overhead: {ratio:.3f}× the bare launch (goal ≤ 1.10×)")
     per_import = rows["python -c 'import deepspeed'"]
     print(f"a 2-rank launch costs {rows['bare deepspeed launch'] / per_import:.1f}× "

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from course_utils import run_folder
-from course_utils.rank.record import Record, record
+from course_utils.common import run_folder
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 BUILD_SECONDS = 1.5          # how long "building the vocabulary" takes on rank 0

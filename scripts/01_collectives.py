@@ -12,9 +12,8 @@ import psutil
 import torch.distributed as dist
 
 from course_utils.rank.distributed import (AllReduceTime, CollectiveRow, ZeroCollectives, backends_available,
-                                           choose_device, rank_identity, run_collectives, time_all_reduce,
-                                           zero_step_collectives)
-from course_utils.rank.record import Record, record
+    choose_device, rank_identity, run_collectives, time_all_reduce, zero_step_collectives)
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from course_utils.rank.distributed import choose_device, rank_identity
 from course_utils.rank.ring import RingStep, count_sent_bytes, course_ring_all_reduce, ring_bytes_expected, trace_ring
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 

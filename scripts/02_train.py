@@ -19,11 +19,11 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader
 
-from course_utils import run_folder
+from course_utils.common import run_folder
 from course_utils.rank import data
 from course_utils.rank.distributed import gather_predictions
 from course_utils.rank.models import count_parameters, tiny_bert_classifier
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, seed_everything
 
 

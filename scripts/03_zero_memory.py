@@ -16,7 +16,7 @@ from course_utils.rank import comms
 from course_utils.rank.engine import accelerator_bytes, ds_config, forward_backward, release, reset_accelerator_peak
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import count_parameters, tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print, read_config
 
 

@@ -20,11 +20,11 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from course_utils.rank.engine import (accelerator_bytes, ds_config, forward_backward, gathered_numel, release,
-                                      reset_accelerator_peak, training_dtype)
+    reset_accelerator_peak, training_dtype)
 from course_utils.rank.memory import locked_bytes, tensor_inventory
-from course_utils.rank.zero_rules import LADDER, nvme_offload
+from course_utils.common.zero_rules import LADDER, nvme_offload
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
 
 

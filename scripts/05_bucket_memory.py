@@ -26,7 +26,7 @@ import torch.distributed as dist
 from course_utils.rank.engine import ds_config, forward_backward, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
 
 DEFAULT_CASES = [{"stage": 3, "dtype": "bf16", "reduce_bucket_size": 1e6},

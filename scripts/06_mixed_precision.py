@@ -34,7 +34,7 @@ from course_utils.rank import comms
 from course_utils.rank.data import random_batch
 from course_utils.rank.engine import dtype_name, engine_dtypes
 from course_utils.rank.models import count_parameters, tiny_mlp
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
 PRECISIONS = ["fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16", "fp16"]

@@ -18,7 +18,7 @@ from deepspeed.accelerator import get_accelerator
 from course_utils.rank.data import random_batch
 from course_utils.rank.models import tiny_mlp
 from course_utils.rank.optimizers import OPTIMIZERS, scheduler_sections
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
 

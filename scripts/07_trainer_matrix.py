@@ -16,7 +16,7 @@ from transformers import Trainer
 
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_config, combo_key, combos, training_arguments
 

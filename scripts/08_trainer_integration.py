@@ -20,10 +20,10 @@ from transformers import GPT2LMHeadModel, Trainer
 from transformers.integrations import HfDeepSpeedConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-from course_utils import run_folder
+from course_utils.common import run_folder
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import AutoFill, recording_auto_fills, training_arguments
 

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from course_utils.rank.data import fixed_batch, global_batch, rank_slice
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from course_utils.rank import translation as tr
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
 from course_utils.rank.trainer import training_arguments
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 INF_RANK, INF_STEP = 1, 2      # this rank's loss is inf on this step

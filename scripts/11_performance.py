@@ -25,12 +25,12 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from course_utils import run_folder
+from course_utils.common import run_folder
 from course_utils.rank import comms, perf
 from course_utils.rank.distributed import time_all_reduce
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import PRESETS, count_parameters, tiny_gpt2
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 ACCUMULATION = [(8, 1), (4, 2), (2, 4)]     # micro-batch per rank × accumulation steps: 8 samples per rank per step

@@ -23,15 +23,14 @@ import torch.distributed as dist
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from course_utils.rank import comms
-from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, Activations, AdapterMemory, AdapterState,
-                                        Losses, SampleDataset, Saved, TokenCount, adapter_view, gathered_adapter_state,
-                                        micro_batch, save_adapter, save_base, saved_activation_bytes, shared_folder,
-                                        trainable_numel, with_lora, zero3_view)
+from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, Activations, AdapterMemory, AdapterState, Losses,
+    SampleDataset, Saved, TokenCount, adapter_view, gathered_adapter_state, micro_batch, save_adapter, save_base,
+    saved_activation_bytes, shared_folder, trainable_numel, with_lora, zero3_view)
 from course_utils.rank.data import fixed_batch
 from course_utils.rank.engine import ds_config, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import PRESETS, tiny_gpt2
-from course_utils.rank.record import record
+from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, scratch_dir
 
 MICRO = 4                 # sequences per rank and step

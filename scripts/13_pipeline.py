@@ -25,7 +25,7 @@ from deepspeed.pipe import PipelineModule
 from course_utils.rank import parallel as pp
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.parallel_comm import autotp, tiny_llama, ulysses_check
-from course_utils.rank.record import record
+from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 LOSS_M = 4         # micro-batches of the run compared with one rank

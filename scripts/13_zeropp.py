@@ -18,10 +18,10 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils import paths
+from course_utils.common import paths
 from course_utils.rank import parallel as pp
 from course_utils.rank.parallel_comm import GatherCounter, ulysses_check
-from course_utils.rank.record import record
+from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish, load_config, parse_args, read_config
 
 SMALL = 64         # block width of the pipeline here: the optimizer's bytes are what is measured, not time

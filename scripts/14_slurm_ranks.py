@@ -19,7 +19,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils.rank.record import Record, record
+from course_utils.common.record import Record, record
 from course_utils.rank.scaffolding import finish, parse_args
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import manifest, paths
-from course_utils.course import execute
-from course_utils.workshop import unscored_checks
+from course_utils.tooling import manifest
+from course_utils.common import paths
+from course_utils.tooling.course import execute
+from course_utils.tooling.workshop import unscored_checks
 
 SMOKE = {"SMOKE": True}
 CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its own, shorter timeout), far below CI's limit
@@ -60,7 +61,7 @@ def with_student_replay(notebook: Path, out: Path) -> Path:
     """A copy of ``notebook`` ending in a cell that replays each exercise with the student source (the
     nbgrader stub) followed by its check cell, in the kernel that has just run the whole notebook."""
 
-    from course_utils.student import exercises, student_source
+    from course_utils.tooling.student import exercises, student_source
 
     nb = nbformat.read(str(notebook), as_version=4)
     replay = [(ex["name"], student_source(nb.cells[ex["cell"]].source), nb.cells[ex["cell"]].source,
@@ -132,7 +133,7 @@ def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) ->
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    from course_utils.student import BEGIN, student_copy
+    from course_utils.tooling.student import BEGIN, student_copy
 
     source = paths.NOTEBOOKS / f"{name}.ipynb"
     exercises = sum(c.source.count(BEGIN) for c in nbformat.read(str(source), as_version=4).cells)

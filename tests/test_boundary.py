@@ -1,5 +1,6 @@
-"""The process boundary of course_utils: the rank side (course_utils.rank, scripts/) never imports the
-notebook side, and ``import course_utils`` alone is cheap and changes nothing."""
+"""The rooms of course_utils and what each may import: the rank side (course_utils.rank, scripts/) never imports
+the notebook kernel's side or the tooling, course_utils.common imports no other room and nothing heavy, the kernel
+never imports the tooling, and ``import course_utils`` alone is cheap and changes nothing."""
 import ast
 import json
 import os
@@ -8,14 +9,15 @@ import sys
 
 import pytest
 
-from course_utils import paths
+from course_utils.common import paths
 
 PACKAGE = paths.ROOT / "course_utils"
+ROOMS = {"rank", "common", "kernel", "tooling"}
 RANK_MODULES = sorted(f"course_utils.rank.{p.stem}" for p in (PACKAGE / "rank").glob("*.py") if p.stem != "__init__")
-SHARED = {"paths", "run_folder", "rank", "rank_hook"}   # paths, run_folder: standard library only, both sides; rank_hook: the runner's
-NOTEBOOK_SIDE = sorted(f"course_utils.{p.stem}" for p in PACKAGE.iterdir()
-                       if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.stem not in SHARED | {"__init__"})
+COMMON_MODULES = sorted(f"course_utils.common.{p.stem}" for p in (PACKAGE / "common").glob("*.py") if p.stem != "__init__")
+NOTEBOOK_SIDE = ["course_utils.kernel", "course_utils.tooling"]
 NOTEBOOK_LIBRARIES = ["pandas", "matplotlib", "ipywidgets"]
+HEAVY = ["torch", "deepspeed", "transformers", "numpy"]
 
 
 def _forbidden(module: str) -> bool:
@@ -29,16 +31,32 @@ def _python(code: str, env: dict | None = None) -> str:
     return out.stdout
 
 
-def test_the_sides_are_what_this_test_thinks():
-    assert "course_utils.launch" in NOTEBOOK_SIDE and "course_utils.views" in NOTEBOOK_SIDE
-    assert {"course_utils.checks", "course_utils.configs", "course_utils.notebook", "course_utils.planning"} <= set(NOTEBOOK_SIDE)
-    assert "course_utils.rank.record" in RANK_MODULES and "course_utils.rank.zero_rules" in RANK_MODULES
+def test_the_rooms_are_what_this_test_thinks():
+    assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} == ROOMS
+    assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"], "every module lives in one of the rooms"
+    assert {"course_utils.common.record", "course_utils.common.run_folder", "course_utils.common.paths"} <= set(COMMON_MODULES)
+    assert "course_utils.rank.scaffolding" in RANK_MODULES
+
+
+def test_common_modules_import_no_other_room_and_nothing_heavy():
+    loaded = json.loads(_python("import importlib, json, sys\n"
+                                f"for m in {COMMON_MODULES!r}: importlib.import_module(m)\n"
+                                "print(json.dumps(sorted(sys.modules)))"))
+    assert [m for m in loaded if m.startswith("course_utils.") and not m.startswith("course_utils.common")] == []
+    assert [m for m in loaded if m.split(".")[0] in HEAVY + NOTEBOOK_LIBRARIES] == []
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "kernel").rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_kernel_never_imports_the_tooling_or_a_script(path):
+    bad = [f"line {line}: {name}" for line, name in _imports(path)
+           if name.startswith("course_utils.tooling") or name.startswith("scripts")]
+    assert bad == [], f"{path.name} imports the tooling or a script: {bad}"
 
 
 def test_rank_modules_import_no_notebook_side_module():
     """Import every rank-side module in a fresh interpreter, then look at everything that got imported."""
     loaded = json.loads(_python("import importlib, json, sys\n"
-                                f"for m in {RANK_MODULES!r}: importlib.import_module(m)\n"
+                                f"for m in {RANK_MODULES + COMMON_MODULES!r}: importlib.import_module(m)\n"
                                 "print(json.dumps(sorted(sys.modules)))"))
     assert set(RANK_MODULES) <= set(loaded)
     assert [m for m in loaded if _forbidden(m)] == []
@@ -62,7 +80,8 @@ def _imports(path) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "rank").glob("*.py")) + sorted(paths.SCRIPTS.glob("*.py")),
+@pytest.mark.parametrize("path", sorted((PACKAGE / "rank").rglob("*.py")) + sorted((PACKAGE / "common").glob("*.py"))
+                         + sorted(paths.SCRIPTS.glob("*.py")),
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_rank_side_source_never_imports_the_notebook_side(path):
     """The source of every rank module and script, including imports inside functions (which the
@@ -84,17 +103,17 @@ def test_import_course_utils_is_cheap_and_side_effect_free():
 
 def test_notebook_attributes_are_imported_on_first_use():
     out = _python("import sys, course_utils as cu\n"
-                  "assert 'course_utils.checks' not in sys.modules\n"
+                  "assert 'course_utils.kernel.checks' not in sys.modules\n"
                   "names = [cu.checks.check, cu.configs.validate, cu.paths.ROOT, cu.hardware.detect, cu.start, cu.Notebook,\n"
                   "         cu.launch.deepspeed]\n"
-                  "print('ok', 'course_utils.checks' in sys.modules)")
+                  "print('ok', 'course_utils.kernel.checks' in sys.modules)")
     assert out.split() == ["ok", "True"]
     with pytest.raises(AttributeError):
         import course_utils
         course_utils.no_such_helper  # noqa: B018
 
 
-@pytest.mark.parametrize("module", ["course_utils.rank", "course_utils.ops"])
+@pytest.mark.parametrize("module", ["course_utils.rank", "course_utils.kernel.ops"])
 def test_the_torch_extensions_default_reaches_ranks_and_the_op_build(module):
     """Ranks started from a terminal and the op build both look for DeepSpeed's ops in <venv>/torch_extensions."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}

@@ -4,8 +4,8 @@ import random
 import pytest
 import torch
 
-from course_utils import checkpoints as ck
-from course_utils.compare import max_abs_series_diff, max_abs_state_diff
+from course_utils.kernel import checkpoints as ck
+from course_utils.kernel.compare import max_abs_series_diff, max_abs_state_diff
 from course_utils.rank import data
 from course_utils.rank import translation as tr
 from course_utils.rank.models import tiny_gpt2
@@ -132,7 +132,7 @@ def test_word_for_word_knows_the_words_but_not_the_order():
 
 
 def test_differences_are_marked_word_by_word():
-    from course_utils.views.translation import mark_differences
+    from course_utils.kernel.views.translation import mark_differences
 
     assert mark_differences("lo javi un myju", "lo javi un myju") == ("lo javi un myju", 0)
     assert mark_differences("la javi un myju", "lo javi un myju") == ("[la] javi un myju", 1)

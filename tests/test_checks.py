@@ -1,7 +1,7 @@
 """The exercise checks: tiered hints, never the expected answer, and unsolved exercises caught before a launch."""
 import pytest
 
-from course_utils import checks
+from course_utils.kernel import checks
 
 TIERS = ("think about what each rank holds", "rank r holds 1/N of the elements", "count the shards of rank 0")
 

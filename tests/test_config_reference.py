@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from course_utils import config_reference as ref
+from course_utils.tooling import config_reference as ref
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def rows():
 def test_every_key_of_the_course_configs_has_a_row_with_deepspeeds_default(rows):
     text = ref.REFERENCE.read_text()
     keys = list(ref.config_keys())
-    assert ref.missing(text, keys) == [], "run `python -m course_utils.config_reference`"
+    assert ref.missing(text, keys) == [], "run `python -m course_utils.tooling.config_reference`"
     rows = {k.path: k for k in rows}
     assert all(k.default != "?" for k in rows.values()), [p for p, k in rows.items() if k.default == "?"]
     # defaults are DeepSpeed's own, not typed in: spot-check against DeepSpeed's config model
@@ -25,7 +25,7 @@ def test_every_key_of_the_course_configs_has_a_row_with_deepspeeds_default(rows)
 
 def test_the_committed_reference_is_what_the_generator_writes_now(rows):
     assert ref.REFERENCE.read_text() == ref.render(rows), (
-        "the reference drifted from the configs, notebooks or DeepSpeed: run `python -m course_utils.config_reference`")
+        "the reference drifted from the configs, notebooks or DeepSpeed: run `python -m course_utils.tooling.config_reference`")
 
 
 def test_a_key_missing_from_the_reference_is_reported(tmp_path, monkeypatch):

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from course_utils import paths
-from course_utils.configs import ConfigError, diagnose, validate
+from course_utils.common import paths
+from course_utils.kernel.configs import ConfigError, diagnose, validate
 
 
 def base(**extra):
@@ -81,7 +81,7 @@ def test_ignored_keys_are_one_warning_line_and_the_launch_goes_on(capsys):
                          ids=lambda v: json.dumps(v))
 def test_no_value_of_any_key_crashes_the_check(value):
     """Whatever a top-level key holds, the pre-check answers with a verdict (no exception) whose errors name it."""
-    from course_utils.config_doctor import read
+    from course_utils.kernel.config_doctor import read
     keys = sorted(k for k in read(base(), 2).read if isinstance(k, str))
     assert len(keys) > 30
     for key in keys:

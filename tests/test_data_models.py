@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.rank import data, distributed, models, ring
-from course_utils.views import distributed as distributed_views
+from course_utils.kernel.views import distributed as distributed_views
 
 
 @pytest.fixture(scope="module")

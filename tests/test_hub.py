@@ -1,4 +1,4 @@
-"""`make hub`: the workshop on one shared server, headless (course_utils.workshop.hub).
+"""`make hub`: the workshop on one shared server, headless (course_utils.tooling.workshop.hub).
 
 One test runs the whole day through JupyterHub and nbgrader's real exchange, with two participants and the
 instructor as Unix users of their own (created for the test, removed after it): the instructor releases the drill
@@ -30,9 +30,9 @@ import psutil
 import pytest
 import requests
 
-from course_utils import paths
-from course_utils.launch.commands import free_port
-from course_utils.workshop import hub, hub_setup
+from course_utils.common import paths
+from course_utils.kernel.launch.commands import free_port
+from course_utils.tooling.workshop import hub, hub_setup
 from test_workshop import DRILL, drill, read, solved
 
 ANN, BEN, TEACHER = "dsc-ann", "dsc-ben", "dsc-teacher"

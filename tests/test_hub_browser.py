@@ -19,8 +19,8 @@ from typing import Iterator
 import nbformat
 import pytest
 
-from course_utils import paths
-from course_utils.workshop import hub, hub_setup
+from course_utils.common import paths
+from course_utils.tooling.workshop import hub, hub_setup
 from test_hub import hub_of_its_own
 
 CHROMIUM = "/usr/bin/chromium"
@@ -129,7 +129,7 @@ def participant_day(browser, workshop: hub.Hub, name: str) -> str:
 def test_two_participants_and_the_instructor_in_chromium(workshop, browser):
     python, nbgrader = str(Path(os.sys.prefix) / "bin" / "python"), str(Path(os.sys.prefix) / "bin" / "nbgrader")
     course = Path(workshop.settings["instructor_course"])
-    for argv, cwd in (([python, "-m", "course_utils.workshop", "release", "--only", "00"], paths.ROOT),
+    for argv, cwd in (([python, "-m", "course_utils.tooling.workshop", "release", "--only", "00"], paths.ROOT),
                       ([nbgrader, "release_assignment", NB], course)):
         done = hub.as_user(TUTOR, argv, cwd=cwd)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -145,7 +145,7 @@ def test_two_participants_and_the_instructor_in_chromium(workshop, browser):
 
     collected = Path(workshop.settings["homes"]) / TUTOR / "collected"
     for argv, cwd in (([nbgrader, "collect", NB], course), (["cp", "-r", str(course / "submitted"), str(collected)], None),
-                      ([python, "-m", "course_utils.workshop", "grade", str(collected), "--smoke"], paths.ROOT)):
+                      ([python, "-m", "course_utils.tooling.workshop", "grade", str(collected), "--smoke"], paths.ROOT)):
         done = hub.as_user(TUTOR, argv, cwd=cwd, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr
     admin = (hub_setup.folder() / "state" / "admin_password").read_text()

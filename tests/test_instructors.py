@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import course, instructors, paths
+from course_utils.tooling import course, instructors
+from course_utils.common import paths
 
 
 def _report() -> str:

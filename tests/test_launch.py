@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 from conftest import processes_of
-from course_utils import hardware, launch
-from course_utils.launch.stacks import main_thread_stack, rank_stacks
+from course_utils.kernel import hardware, launch
+from course_utils.kernel.launch.stacks import main_thread_stack, rank_stacks
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -109,7 +109,7 @@ def test_missing_script_and_bad_config_fail_before_any_rank_starts(tmp_path):
         launch.deepspeed("no_such_script.py")
     bad = tmp_path / "bad.json"
     bad.write_text('{"train_micro_batch_size_per_gpu": 2,}')
-    from course_utils.configs import ConfigError
+    from course_utils.kernel.configs import ConfigError
     with pytest.raises(ConfigError, match="not valid JSON"):
         launch.deepspeed(SCRIPTS / "record_world.py", config=bad)
 

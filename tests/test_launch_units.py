@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import hardware
-from course_utils import paths as launch_paths
-from course_utils.configs import ConfigError
-from course_utils.launch import CommandError, LaunchOptions, command, commands, environment, failures
-from course_utils.launch.result import LaunchResult
-from course_utils.launch.streams import LearnerFilter
+from course_utils.kernel import hardware
+from course_utils.common import paths as launch_paths
+from course_utils.kernel.configs import ConfigError
+from course_utils.kernel.launch import CommandError, LaunchOptions, command, commands, environment, failures
+from course_utils.kernel.launch.result import LaunchResult
+from course_utils.kernel.launch.streams import LearnerFilter
 
 CLI = "/venv/bin/deepspeed"
 SCRIPT = Path(__file__).parent / "scripts" / "record_world.py"
@@ -241,8 +241,8 @@ def test_supervise_ends_idle_launchers_once_every_rank_finished(tmp_path):
     import subprocess
     import time
 
-    from course_utils.launch.runner import _supervise
-    from course_utils.launch.streams import Streams
+    from course_utils.kernel.launch.runner import _supervise
+    from course_utils.kernel.launch.streams import Streams
 
     (tmp_path / "ranks").mkdir()
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE,
@@ -266,11 +266,11 @@ def test_a_timeout_takes_the_stacks_before_the_kill_and_the_error_shows_them(tmp
     import subprocess
     import time
 
-    from course_utils.launch.failures import failure_message
-    from course_utils.launch.stacks import main_thread_stack
-    from course_utils.launch.result import LaunchResult
-    from course_utils.launch.runner import _supervise
-    from course_utils.launch.streams import Streams
+    from course_utils.kernel.launch.failures import failure_message
+    from course_utils.kernel.launch.stacks import main_thread_stack
+    from course_utils.kernel.launch.result import LaunchResult
+    from course_utils.kernel.launch.runner import _supervise
+    from course_utils.kernel.launch.streams import Streams
 
     (tmp_path / "ranks").mkdir()
     hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE,
@@ -311,7 +311,7 @@ def test_rank_hook_compiles_muon_kernels_when_first_called():
 def test_a_launch_is_done_when_every_rank_finished_or_some_failed(tmp_path):
     """Finished marks end a launch as a success; once every rank has ended and one died of an exception
     (its failure record), the launch ends as a failure without waiting for the launcher's polling."""
-    from course_utils.launch.runner import _ranks_done
+    from course_utils.kernel.launch.runner import _ranks_done
 
     (tmp_path / "finished").mkdir()
     (tmp_path / "failures").mkdir()
@@ -368,7 +368,7 @@ def test_only_the_rank_itself_reports_a_failure(tmp_path):
 def test_the_trainer_counting_one_rank_on_cpu_is_named_in_the_error():
     """A plain Trainer script on CPU ranks dies of DeepSpeed's batch assertion (4 != 4 * 1 * 2): the error says
     why (the Trainer counted one rank) and what to change; DeepSpeed's own batch message is left alone."""
-    from course_utils.launch.failures import diagnosis
+    from course_utils.kernel.launch.failures import diagnosis
 
     trainer = ('  File "/v/site-packages/transformers/trainer.py", line 1, in train\nAssertionError: Check batch '
                'related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * '
@@ -382,7 +382,7 @@ def test_the_trainer_counting_one_rank_on_cpu_is_named_in_the_error():
 def test_lessons_that_need_ranks_get_them_on_any_machine():
     """A launch says how many ranks its lesson needs; with fewer GPUs it runs on CPU ranks and says so,
     while single-device lessons (no min_ranks) keep the GPU. Simulated machines: 0, 1, 2 and 8 GPUs."""
-    from course_utils.hardware import Hardware, placement
+    from course_utils.kernel.hardware import Hardware, placement
 
     machine = {n: Hardware(accelerator="cuda" if n else "cpu", gpus=n, gpu_names=("GPU",) * n,
                            backend="nccl" if n else "gloo") for n in (0, 1, 2, 8)}
@@ -403,7 +403,7 @@ def test_a_stall_counts_only_once_every_rank_has_printed_and_then_nothing_came()
     import time
     from types import SimpleNamespace
 
-    from course_utils.launch.runner import Stall
+    from course_utils.kernel.launch.runner import Stall
 
     stall = Stall(0.2, world_size=2)
     streams = SimpleNamespace(rank_text={0: ["step 0"]})

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from course_utils.launch import memcap
+from course_utils.kernel.launch import memcap
 
 ALLOCATE = """
 import sys

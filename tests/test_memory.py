@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from course_utils import planning
-from course_utils.rank import memory, zero_rules
+from course_utils.kernel import planning
+from course_utils.rank import memory
+from course_utils.common import zero_rules
 
 
 def test_paper_example_reproduced():
@@ -146,8 +147,8 @@ def test_offload_optimizer_matches_deepspeeds_estimator():
 def test_notebook_04_prediction_and_notebook_05_calculator_agree(dtype, ranks):
     """The same model size, ranks, stage, offload and dtype give the same accelerator bytes in notebook 04's
     ladder prediction and in notebook 05's calculator."""
-    from course_utils.rank.zero_rules import LADDER
-    from course_utils.views.offload import ladder_prediction
+    from course_utils.common.zero_rules import LADDER
+    from course_utils.kernel.views.offload import ladder_prediction
 
     psi = 13_824_000
     predicted = ladder_prediction(psi, ranks, dtype)
@@ -161,7 +162,7 @@ def test_notebook_04_prediction_and_notebook_05_calculator_agree(dtype, ranks):
 
 def test_a_plan_config_is_judged_by_deepspeeds_reading_and_the_ladder():
     """Notebook 05's exercise 2: each way a config can miss the plan gets its own message, none naming the answer."""
-    from course_utils import configs
+    from course_utils.kernel import configs
 
     work = planning.Workload(params=6.7e9, largest_layer=32000 * 4096, act_gb_per_sample=6, ckpt_act_gb_per_sample=1.5)
     machine = planning.Machine(gpu_gb=24, gpus=2, cpu_gb=256)

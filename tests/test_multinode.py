@@ -1,5 +1,5 @@
 """DeepSpeed's real multi-node path on one machine: a hostfile of two loopback "hosts", the pdsh launcher over an
-sshd of the course's own (course_utils.launch.sshd), .deepspeed_env for the ranks' environment; and nothing left
+sshd of the course's own (course_utils.kernel.launch.sshd), .deepspeed_env for the ranks' environment; and nothing left
 running afterwards, however the launch ended. The parts first (no launch), then real launches."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from conftest import processes_of
-from course_utils import hardware, launch
-from course_utils.launch import LaunchOptions, commands, environment, sshd, sshd_setup
-from course_utils.launch.processes import end_run_processes
-from course_utils.launch.streams import LearnerFilter, Streams
+from course_utils.kernel import hardware, launch
+from course_utils.kernel.launch import LaunchOptions, commands, environment, sshd, sshd_setup
+from course_utils.kernel.launch.processes import end_run_processes
+from course_utils.kernel.launch.streams import LearnerFilter, Streams
 from course_utils.rank.distributed import rank_identity
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -201,7 +201,7 @@ def test_two_hosts_over_ssh_with_pdsh(capsys):
     """2 hosts × 1 rank of notebook 01's launch: each rank was started on its own host (ssh reached 127.0.0.1 and
     127.0.0.2), the all_reduce sums over both, the printed command is the real one, notebook 01's table reads the
     run, and nothing is left running afterwards."""
-    from course_utils.views import distributed as D
+    from course_utils.kernel.views import distributed as D
 
     result, run_dir = _launch_leaves_nothing(lambda c: c.deepspeed("01_collectives.py", "--cpu", procs=1, timeout=120))
     assert result.returncode == 0

@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import run_notebook
-from course_utils import hardware
+from course_utils.kernel import hardware
 
 NAME = "03_zero_stages"
 pytestmark = pytest.mark.notebook

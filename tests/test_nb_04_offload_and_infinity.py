@@ -3,8 +3,8 @@ tensors show compared with what zero_rules predicts from the config."""
 import pytest
 
 from conftest import run_notebook
-from course_utils.rank import zero_rules
-from course_utils.rank.zero_rules import LADDER
+from course_utils.common import zero_rules
+from course_utils.common.zero_rules import LADDER
 
 NAME = "04_offload_and_infinity"
 pytestmark = pytest.mark.notebook

@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import run_notebook
-from course_utils.launch.memcap import MemoryCapUnavailable, memory_cap
+from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
 
 NAME = "05_memory_planning"
 pytestmark = pytest.mark.notebook

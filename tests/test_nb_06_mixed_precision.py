@@ -5,7 +5,7 @@ without one; each check raises ExerciseNotDone; every other cell succeeds."""
 import pytest
 
 from conftest import run_notebook
-from course_utils import configs, hardware
+from course_utils.kernel import configs, hardware
 
 NAME = "06_mixed_precision"
 pytestmark = pytest.mark.notebook

@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import run_notebook
-from course_utils import hardware
+from course_utils.kernel import hardware
 from course_utils.rank.optimizers import LR
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_key
 

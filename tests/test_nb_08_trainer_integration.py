@@ -4,7 +4,7 @@ import math
 import pytest
 
 from conftest import run_notebook
-from course_utils import hardware
+from course_utils.kernel import hardware
 
 NAME = "08_trainer_integration"
 pytestmark = pytest.mark.notebook

@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import run_notebook
-from course_utils import hardware
+from course_utils.kernel import hardware
 
 NAME = "10_capstone_translation"
 pytestmark = pytest.mark.notebook

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.rank.models import PRESETS
-from course_utils.views import perf
+from course_utils.kernel.views import perf
 
 NAME = "11_performance_and_debugging"
 pytestmark = pytest.mark.notebook

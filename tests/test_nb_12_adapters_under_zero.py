@@ -3,7 +3,7 @@ formula; loading under ZeRO-3, the unsaved-shard pitfall and its fix, Trainer vs
 import pytest
 
 from conftest import run_notebook
-from course_utils import hardware
+from course_utils.kernel import hardware
 from course_utils.rank.adapters import expected_bytes
 
 NAME = "12_adapters_under_zero"

@@ -48,7 +48,7 @@ def test_pipeline_sequence_tensor_and_zeropp():
 def test_replay_with_equal_times_and_free_hand_overs_gives_the_formula():
     """The replay that splits the timed gap: DeepSpeed's own schedules with forward 1 and backward 2 on both stages."""
     from course_utils.rank import parallel as pp
-    from course_utils.views.parallel import replayed_idle
+    from course_utils.kernel.views.parallel import replayed_idle
 
     for m in (1, 2, 3, 8):
         records = []

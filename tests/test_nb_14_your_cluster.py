@@ -5,7 +5,7 @@ full notebook and in tests/test_slurm.py, not in the smoke run.)"""
 import pytest
 
 from conftest import run_notebook
-from course_utils.launch import slurm
+from course_utils.kernel.launch import slurm
 
 NAME = "14_your_cluster"
 WHY_NOT = slurm.why_not()

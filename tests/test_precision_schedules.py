@@ -3,13 +3,14 @@ from types import SimpleNamespace
 
 import torch
 
-from course_utils import configs, paths, scripts
+from course_utils.kernel import configs, scripts
+from course_utils.common import paths
 from course_utils.rank import trainer
 from course_utils.rank.data import random_batch
 from course_utils.rank.engine import dtype_name
 from course_utils.rank.scaffolding import read_config
-from course_utils.views import precision
-from course_utils.views import trainer as trainer_views
+from course_utils.kernel.views import precision
+from course_utils.kernel.views import trainer as trainer_views
 
 
 def test_overflow_table_shows_the_fp16_pitfall():
@@ -100,7 +101,7 @@ def test_other_changes_ignores_auto_and_reports_the_rest():
 
 
 def test_07_schedule_ends_and_matrix_rows():
-    from course_utils.views import schedules
+    from course_utils.kernel.views import schedules
 
     ends = schedules.schedule_ends({"decay": [0.0, 0.0, 0.5, 1.0, 0.6, 0.2, 0.2, 0.2], "grow": [1.0, 2.0, 3.0]})
     assert ends["decay"] == {"step 0": 0.0, "step 1": 0.0, "peak": 1.0, "peak at step": 3, "last": 0.2,

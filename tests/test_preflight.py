@@ -3,7 +3,7 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-from course_utils import preflight as pf
+from course_utils.tooling import preflight as pf
 
 MiB, GiB = 2**20, 2**30
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import course, manifest, opbuild, ops, paths, progress
+from course_utils.tooling import course, manifest
+from course_utils.kernel import opbuild, ops, progress
+from course_utils.common import paths
 
 
 def test_minutes_reads_like_an_estimate():
@@ -95,7 +97,7 @@ def test_the_course_starts_a_notebook_whose_ops_are_built_before_one_that_waits(
 
 def test_stopping_the_background_build_ends_its_process_group_and_releases_its_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '60'])  # course_utils.ops"],
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '60'])  # course_utils.kernel.ops"],
                             start_new_session=True)    # a stand-in build: its command line names the module
     (tmp_path / "cpu_adam").mkdir()
     (tmp_path / "cpu_adam" / "lock").touch()

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import configs
-from course_utils.config_doctor import world_of
-from course_utils.configs import ConfigError
+from course_utils.kernel import configs
+from course_utils.kernel.config_doctor import world_of
+from course_utils.kernel.configs import ConfigError
 
 PUBLIC = Path(__file__).parent / "public_configs"
 FILES = sorted(PUBLIC.glob("*.json"))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils.rank.record import Record, plain, read_as, read_records, record
+from course_utils.common.record import Record, plain, read_as, read_records, record
 
 
 @dataclass
@@ -52,7 +52,8 @@ def test_every_record_name_is_declared_once():
     import importlib
     import inspect
 
-    from course_utils import paths, scripts
+    from course_utils.common import paths
+    from course_utils.kernel import scripts
 
     modules = [importlib.import_module(f"course_utils.rank.{p.stem}") for p in (paths.ROOT / "course_utils" / "rank").glob("*.py")]
     modules += [scripts.load(p.stem) for p in sorted(paths.SCRIPTS.glob("[0-9]*.py"))]

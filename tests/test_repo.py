@@ -5,10 +5,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import paths
-from course_utils.nbtools import has_outputs, notebooks
-from course_utils import student
-from course_utils.student import BEGIN, END
+from course_utils.common import paths
+from course_utils.tooling.nbtools import has_outputs, notebooks
+from course_utils.tooling import student
+from course_utils.tooling.student import BEGIN, END
 
 NOTEBOOKS = notebooks()
 
@@ -29,7 +29,7 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_stored_without_outputs(path):
-    assert not has_outputs(path), f"{path.name} holds outputs: python -m course_utils.nbtools strip {path}"
+    assert not has_outputs(path), f"{path.name} holds outputs: python -m course_utils.tooling.nbtools strip {path}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -41,7 +41,7 @@ def test_notebook_follows_the_skeleton(path):
     assert re.search(r"^SMOKE = False", params[0].source, re.M), "parameters define SMOKE = False"
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     assert any(f'start("{path.stem}")' in s for s in code), "the notebook opens with cu.start(<its name>)"
-    assert not any(re.search(r"^\s*!\s*deepspeed", s, re.M) for s in code), "launch through course_utils.launch"
+    assert not any(re.search(r"^\s*!\s*deepspeed", s, re.M) for s in code), "launch through course_utils.kernel.launch"
     exercises = sum(s.count(BEGIN) for s in code)
     assert exercises >= 2, "at least two exercises"
     assert exercises == sum(s.count(END) for s in code)
@@ -50,13 +50,13 @@ def test_notebook_follows_the_skeleton(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_exercise_and_check_cells_carry_nbgrader_metadata(path):
     """Each exercise cell is an nbgrader solution cell and its check cell a locked, autograded test cell,
-    so `nbgrader generate_assignment` / `autograde` work (after an edit: python -m course_utils.student --mark)."""
+    so `nbgrader generate_assignment` / `autograde` work (after an edit: python -m course_utils.tooling.student --mark)."""
     nb = nbformat.read(str(path), as_version=4)
     found = student.exercises(nb)
     assert all(ex["check"] is not None for ex in found), f"an exercise without a check cell: {found}"
     wanted = student.nbgrader_metadata(nb, prefix=path.stem[:2])
     stored = {i: c.metadata["nbgrader"] for i, c in enumerate(nb.cells) if "nbgrader" in c.metadata}
-    assert stored == wanted, "run: python -m course_utils.student --mark"
+    assert stored == wanted, "run: python -m course_utils.tooling.student --mark"
 
 
 def test_grade_ids_are_unique_across_the_course():
@@ -85,7 +85,7 @@ def test_student_source_keeps_indentation_and_removes_the_answer():
 
 
 def test_course_runs_notebooks_side_by_side_except_those_that_must_run_alone():
-    from course_utils import course
+    from course_utils.tooling import course
 
     a, b, timed = Path("a.ipynb"), Path("b.ipynb"), Path("t.ipynb")
     assert course.may_start(a, [], {timed}, 2) and course.may_start(b, [a], {timed}, 2)
@@ -102,7 +102,7 @@ def test_course_runs_notebooks_side_by_side_except_those_that_must_run_alone():
 
 
 def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
-    from course_utils import course
+    from course_utils.tooling import course
 
     report = tmp_path / "report.md"
     report.write_text("| notebook | status | wall time | ran beside |\n|---|---|---|---|\n"

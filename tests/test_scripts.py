@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_utils import checks, paths, scripts
+from course_utils.kernel import checks, scripts
+from course_utils.common import paths
 from course_utils.rank import data
 from course_utils.rank.distributed import gather_predictions
-from course_utils.rank.zero_rules import LADDER
+from course_utils.common.zero_rules import LADDER
 from course_utils.rank.memory import TensorEntry
-from course_utils.rank.record import plain, read_as
+from course_utils.common.record import plain, read_as
 from course_utils.rank.scaffolding import load_config, load_exercise, parse_args, read_config
 
 SCRIPTS = sorted(p.stem for p in paths.SCRIPTS.glob("[0-9]*.py"))

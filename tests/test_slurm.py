@@ -1,4 +1,4 @@
-"""The course's 2-node Slurm cluster (course_utils.launch.slurm): its files, its start, a launch across both nodes,
+"""The course's 2-node Slurm cluster (course_utils.kernel.launch.slurm): its files, its start, a launch across both nodes,
 a job over its time limit, a drained node, and its stop — no munged, slurmctld, slurmd or slurmstepd left, no file
 outside the build folder, however it ended (stop(), the end of the block, the death of the process that started it)."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import paths
-from course_utils.launch import slurm, slurm_launch, slurm_setup
-from course_utils.launch.processes import run_processes
+from course_utils.common import paths
+from course_utils.kernel.launch import slurm, slurm_launch, slurm_setup
+from course_utils.kernel.launch.processes import run_processes
 
 WHY_NOT = slurm.why_not()
 needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm cluster here: {WHY_NOT}")
@@ -145,7 +145,7 @@ def test_an_interrupted_launch_cancels_its_job_and_ends_its_ranks():
 @needs_slurm
 def test_a_dead_starter_leaves_nothing(tmp_path):
     """The process that started the cluster is killed outright (a dead kernel): the watchdog ends every daemon."""
-    code = ("import sys, time; from course_utils.launch import slurm; c = slurm.start(); "
+    code = ("import sys, time; from course_utils.kernel.launch import slurm; c = slurm.start(); "
             "print(c.folder, flush=True); time.sleep(600)")
     starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=paths.ROOT,
                                env={**os.environ})

@@ -5,8 +5,8 @@ on the student source, in the kernel that ran the notebook): pytest -m extended 
 import pytest
 
 from conftest import student_errors
-from course_utils import manifest
-from course_utils.launch import slurm
+from course_utils.tooling import manifest
+from course_utils.kernel.launch import slurm
 
 pytestmark = [pytest.mark.extended, pytest.mark.notebook]
 

@@ -1,7 +1,7 @@
-"""A workshop with nbgrader: `make release`, `make grade`, `make catchup` (course_utils.workshop and .catchup).
+"""A workshop with nbgrader: `make release`, `make grade`, `make catchup` (course_utils.tooling.workshop and .catchup).
 
 The default tests grade a drill: a small notebook built the course's way (parameters, two exercises marked by
-``student.nbgrader_metadata``, checks from ``course_utils.checks``, a fallback), so nbgrader's whole round trip
+``student.nbgrader_metadata``, checks from ``course_utils.kernel.checks``, a fallback), so nbgrader's whole round trip
 (release, submissions, autograde with the smoke parameters, gradebook, feedback) and every way a submission can stop
 cost seconds. Grading real notebooks executes each submission, launches and all (40 to 50 s per submission of 00 or
 05 with the smoke parameters on 2 busy cores): those tests carry the ``workshop`` marker, which ``make test`` leaves
@@ -18,8 +18,9 @@ import nbformat
 import pytest
 
 from conftest import SMOKE
-from course_utils import catchup, paths, student, workshop
-from course_utils.student import BEGIN, CODE_STUB
+from course_utils.tooling import catchup, student, workshop
+from course_utils.common import paths
+from course_utils.tooling.student import BEGIN, CODE_STUB
 
 DRILL = "99_drill"
 STUCK = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)   # an interrupt does not stop it\ntime.sleep(120)"
@@ -131,7 +132,7 @@ def test_release_is_nbgraders_student_edition(build, tmp_path):
         assert not any(c.get("outputs") for c in nb.cells)
         with api.gradebook as gb:
             assert gb.find_assignment(path.parent.name).max_score == len(student.exercises(course))
-    assert (workshop.root() / "nbgrader_config.py").read_text().count("course_utils.workshop.GradeExecute") == 1
+    assert (workshop.root() / "nbgrader_config.py").read_text().count("course_utils.tooling.workshop.GradeExecute") == 1
 
 
 def test_grading_drill_full_none_and_one(build, tmp_path):

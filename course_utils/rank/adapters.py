@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import run_folder
-from .record import Record, record
-from .scaffolding import scratch_dir
+from course_utils.common import run_folder
+from course_utils.common.record import Record, record
+from course_utils.rank.scaffolding import scratch_dir
 
 PRESET = "checkpoints"          # tiny_gpt2 preset: GPT-2 classes, 64 wide, 2 blocks, no dropout
 LORA_R = 8                      # the adapter the notebook works out: rank 8 ...
@@ -47,7 +47,7 @@ def micro_batch(step: int, rank: int, world_size: int, micro: int):
     """This rank's samples of training step ``step``: a contiguous share of the step's global batch, as
     accelerate's data loader shards a sequential sampler (rank r takes the r-th batch of each group of
     ``world_size`` batches), so a raw loop and the Trainer see the same samples."""
-    from .data import global_batch, rank_slice
+    from course_utils.rank.data import global_batch, rank_slice
 
     return rank_slice(global_batch(step, micro * world_size), rank, world_size)
 
@@ -62,7 +62,7 @@ class SampleDataset:
         return self.rows
 
     def __getitem__(self, i: int) -> dict:
-        from .data import sample
+        from course_utils.rank.data import sample
 
         ids = sample(i)
         return {"input_ids": ids, "labels": ids.clone()}
@@ -235,7 +235,7 @@ def save_base() -> str:
     import torch.distributed as dist
     from transformers.utils import logging
 
-    from .models import tiny_gpt2
+    from course_utils.rank.models import tiny_gpt2
 
     logging.disable_progress_bar()                    # no "Writing model shards" bars in the rank logs
     folder = shared_folder("base")

@@ -12,8 +12,8 @@ import random
 from pathlib import Path
 from typing import Iterable
 
-from .. import paths
-from .models import PRESETS
+from course_utils.common import paths
+from course_utils.rank.models import PRESETS
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EMOTION_LABELS = ["other", "like", "sadness", "disgust", "anger", "happiness"]

@@ -3,7 +3,7 @@ once, which collectives ZeRO's gradient reduction calls, all_reduce timing, and 
 (The ring all-reduce exercise's byte counter and step tracer are in :mod:`course_utils.rank.ring`.)
 
 scripts/00-02 call these in the ranks; the notebook draws their records with
-:mod:`course_utils.views.distributed`.
+:mod:`course_utils.kernel.views.distributed`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .record import Record
+from course_utils.common.record import Record
 
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "reduce_scatter", "all_gather", "barrier")
 
@@ -199,7 +199,7 @@ def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
     import torch
     import torch.distributed
 
-    from .comms import logged, with_comms_logger
+    from course_utils.rank.comms import logged, with_comms_logger
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64))

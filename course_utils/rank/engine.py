@@ -10,9 +10,9 @@ import copy
 import gc
 from typing import Any
 
-from .. import paths
-from .models import PRESETS
-from .scaffolding import read_config
+from course_utils.common import paths
+from course_utils.rank.models import PRESETS
+from course_utils.rank.scaffolding import read_config
 
 
 def ds_config(stage: int, dtype: str = "bf16", micro_batch: int = 1, **zero: Any) -> dict:

@@ -5,7 +5,7 @@ optimizer states or buffers, where it lives, and the process's page-locked memor
 inside) actually holds, follows every tensor to its storage, counts each storage once and sorts it by
 where it was found. Views (a parameter that is a slice of a flat buffer, a partition that is a slice of
 a flat group) share their storage and are not counted twice. What the ZeRO paper says these bytes
-should be is in :mod:`course_utils.rank.zero_rules`.
+should be is in :mod:`course_utils.common.zero_rules`.
 """
 from __future__ import annotations
 

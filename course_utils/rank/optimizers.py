@@ -2,7 +2,7 @@
 
 scripts/07_optimizers_and_schedulers.py builds one engine per entry of :data:`OPTIMIZERS` and of
 :func:`scheduler_sections` and records the optimizer class and the learning rate of each; the notebook
-compares them with Hugging Face's schedules (:mod:`course_utils.views.schedules`).
+compares them with Hugging Face's schedules (:mod:`course_utils.kernel.views.schedules`).
 """
 from __future__ import annotations
 

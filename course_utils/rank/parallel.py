@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .record import Record
+from course_utils.common.record import Record
 
 WIDTH = 256         # features of each block (Linear → GELU → Linear)
 BLOCKS = 8          # blocks of the model: half on each of 2 stages

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .record import Record
+from course_utils.common.record import Record
 
 HEADS, HEAD_DIM, SEQ, BATCH = 4, 16, 64, 2      # attention of Ulysses' check: 64 wide, 64 tokens, 2 sequences
 
@@ -64,7 +64,7 @@ def ulysses_check() -> Ulysses:
     import torch.distributed as dist
     from deepspeed.sequence.layer import DistributedAttention
 
-    from . import comms
+    from course_utils.rank import comms
 
     p, r = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .data import global_batch
+from course_utils.rank.data import global_batch
 
 
 def micro_batches(step: int, rank: int, world_size: int, micro: int, gas: int) -> list:

@@ -2,7 +2,7 @@
 step by step, which chunk each rank sends and what every chunk holds.
 
 scripts/01_ring.py runs the learner's function under these (the course's :func:`course_ring_all_reduce` while
-the exercise is not written); the notebook draws the trace with :func:`course_utils.views.distributed.plot_ring_steps`.
+the exercise is not written); the notebook draws the trace with :func:`course_utils.kernel.views.distributed.plot_ring_steps`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .record import Record
+from course_utils.common.record import Record
 
 
 @contextlib.contextmanager

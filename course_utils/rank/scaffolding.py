@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import run_folder
+from course_utils.common import run_folder
 
 
 def parse_args(parser: argparse.ArgumentParser | None = None, argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,7 +89,7 @@ def finish() -> None:
     without an active exception"), failing a launch whose work had finished. ``atexit``
     handlers, logging and the standard streams are flushed first, so nothing is lost.
 
-    Under the course's runner it then leaves a mark in the run folder (:func:`course_utils.run_folder.end_rank`),
+    Under the course's runner it then leaves a mark in the run folder (:func:`course_utils.common.run_folder.end_rank`),
     so the runner can end the launch as soon as every rank has finished rather than wait for the launcher's
     own once-a-second polling and shutdown.
     """

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .record import Record
+from course_utils.common.record import Record
 
 
 def prepare_cpu_state() -> None:

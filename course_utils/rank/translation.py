@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import paths
+from course_utils.common import paths
 
 SOURCE_LANG, TARGET_LANG = "src", "tgt"
 SPECIALS = ["<pad>", "</s>", "<unk>"]          # T5's ids: pad 0 (also the decoder start), eos 1, unk 2

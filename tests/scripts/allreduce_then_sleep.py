@@ -10,7 +10,7 @@ import deepspeed
 import deepspeed.comm as dist
 import torch
 
-from course_utils.rank.record import record
+from course_utils.common.record import record
 
 deepspeed.init_distributed()
 t = torch.ones(8)

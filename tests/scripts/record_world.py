@@ -5,7 +5,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils.rank.record import record
+from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish, parse_args
 
 args = parse_args()

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.rank.distributed import rank_identity
-from course_utils.rank.record import record
+from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish
 
 parser = argparse.ArgumentParser()

@@ -1,0 +1,167 @@
+"""Exercise checks: each fails with a hint that says what to look at, never silently passes.
+
+In the student edition a solution is replaced by ``raise NotImplementedError()``; the checks turn
+that into an :class:`ExerciseNotDone` with the same hint, so the learner sees what to do next.
+
+Hints come in tiers: ``hint`` is one string or a sequence of them. The first failure of an exercise shows
+the first (conceptual) hint, each further failure the next, more specific one; no tier shows the answer.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+STUB = "raise NotImplementedError()"
+_failures: dict[str, int] = {}
+
+
+def hint_text(hint: "str | Sequence[str]", key: str | None = None, count: bool = True) -> str:
+    """The tier of ``hint`` for this failure of exercise ``key`` (by default the first tier's text): the
+    first failure gets the first tier, every further failure the next one, the last tier then stays.
+    ``count=False`` (an exercise not attempted yet) shows the current tier without moving on."""
+    tiers = [hint] if isinstance(hint, str) else list(hint)
+    key = key or tiers[0]
+    seen = _failures.get(key, 0)
+    if not count:
+        return tiers[min(seen, len(tiers) - 1)]
+    _failures[key] = seen + 1
+    text = tiers[min(seen, len(tiers) - 1)]
+    if seen < len(tiers) - 1:
+        text += " (a more specific hint comes if this check fails again)"
+    return text
+
+
+class ExerciseCheckError(AssertionError):
+    """The exercise's answer is wrong; the message says what to change."""
+
+
+class ExerciseNotDone(ExerciseCheckError):
+    """The exercise still holds ``raise NotImplementedError()``."""
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__name__", str(fn))
+
+
+def _not_done(fn: Callable, hint: "str | Sequence[str]") -> ExerciseNotDone:
+    return ExerciseNotDone(f"Exercise not done yet: replace `{STUB}` in `{_name(fn)}` with your code. "
+                           f"Hint: {hint_text(hint, _name(fn), count=False)}")
+
+
+def _call(fn: Callable, args: tuple, hint: "str | Sequence[str]") -> Any:
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise _not_done(fn, hint) from None
+
+
+def check(condition: bool, hint: "str | Sequence[str]", key: str | None = None, said: str = "") -> None:
+    """Fail with ``hint`` (its next tier on each failure of exercise ``key``) unless ``condition`` holds;
+    ``said`` (what was wrong, never the answer) comes before the hint."""
+    if not condition:
+        raise ExerciseCheckError(f"{said} Hint: {hint_text(hint, key)}" if said else hint_text(hint, key))
+    print("✔ check passed")
+
+
+def check_close(actual: Any, expected: Any, hint: "str | Sequence[str]", rel: float = 1e-6, abs_: float = 1e-9) -> None:
+    """Numbers (or equal-length sequences of numbers) agree within a tolerance. A failure names what
+    differs (the length, or the positions) but never the expected values."""
+    a = list(actual) if isinstance(actual, (list, tuple)) else [actual]
+    e = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    if len(a) != len(e):
+        raise ExerciseCheckError(f"{hint_text(hint)} (you gave {len(a)} values; the check needs {len(e)})")
+    wrong = [i for i, (x, y) in enumerate(zip(a, e))
+             if not (isinstance(x, (int, float)) and math.isclose(x, y, rel_tol=rel, abs_tol=abs_))]
+    where = "" if len(a) == 1 else f" at position{'s' if len(wrong) > 1 else ''} {wrong[:5]}{' …' if len(wrong) > 5 else ''}"
+    if wrong:
+        raise ExerciseCheckError(f"{hint_text(hint)} (your value{where} is off)")
+    print("✔ check passed")
+
+
+def check_function(fn: Callable, cases: list[tuple[tuple, Any]], hint: "str | Sequence[str]",
+                   compare: Callable[[Any, Any], bool] | None = None) -> None:
+    """Call ``fn(*args)`` for each case and compare with the expected value; a failure shows the case and
+    the learner's answer, never the expected one."""
+    same = compare or (lambda got, want: got == want)
+    for args, want in cases:
+        got = _call(fn, args, hint)
+        if not same(got, want):
+            raise ExerciseCheckError(f"{_name(fn)}{args} returned {got!r}, which is not "
+                                     f"right. Hint: {hint_text(hint, _name(fn))}")
+    print(f"✔ check passed ({len(cases)} cases)")
+
+
+def solution(fn: Callable, *args: Any, hint: "str | Sequence[str]") -> Any:
+    """Call an exercise function, turning an unsolved one into :class:`ExerciseNotDone`."""
+    return _call(fn, args, hint)
+
+
+def is_done(fn: Callable) -> bool:
+    """Whether an exercise function holds code of its own (not the student edition's stub)."""
+    import inspect
+
+    return STUB not in inspect.getsource(fn)
+
+
+def require_done(fn: Callable, hint: "str | Sequence[str]") -> None:
+    """Raise :class:`ExerciseNotDone` while ``fn`` still holds the stub (a check whose launch fell back to the
+    course's own code must still fail until the learner writes theirs)."""
+    if not is_done(fn):
+        raise _not_done(fn, hint)
+
+
+def answer_or(fn: Callable, *args: Any, fallback: Any, instead: str) -> Any:
+    """The learner's answer ``fn(*args)`` once the exercise is written, else ``fallback`` and one line saying
+    what happens ``instead``: the cells after an unsolved exercise go on with the course's answer, while the
+    exercise's own check still fails."""
+    if is_done(fn):
+        return fn(*args)
+    print(f"⏭  {_name(fn)} not written yet: {instead} (its check fails until you write yours)")
+    return fallback
+
+
+def export_done(fns: "Sequence[Callable]", folder: "Path | str", instead: str | None = None) -> list[str]:
+    """Export the exercise functions the learner has written (one file each, see :func:`export_function`);
+    for the others the ranks use the course's own code, or do what ``instead`` says, and one line says so."""
+    from pathlib import Path
+
+    missing = [_name(fn) for fn in fns if not is_done(fn)]
+    if missing:
+        instead = instead or f"the ranks use the course's version of {'it' if len(missing) == 1 else 'them'}"
+        print(f"⏭  not written yet: {', '.join(missing)}; {instead} (its check below fails until you write yours)")
+    return [export_function(fn, Path(folder) / f"{_name(fn)}.py") for fn in fns if is_done(fn)]
+
+
+def export_function(fn: Callable, path: "Path | str", hint: "str | Sequence[str]" = "write the function first") -> str:
+    """Write an exercise function's source to ``path`` so the launched ranks can import and run it.
+
+    Notebook exercises that must run *inside* the ranks (a ring all-reduce, say) are written in the
+    notebook as a function; the script receives this file's path and imports the function from it.
+    Returns the path as a string (to pass as a script argument). A function that still holds the stub
+    raises :class:`ExerciseNotDone` here, before any rank is started.
+    """
+    import inspect
+    import textwrap
+    from pathlib import Path
+
+    if not is_done(fn):
+        raise _not_done(fn, hint)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("import torch\nimport torch.distributed as dist\n\n\n"
+                      + textwrap.dedent(inspect.getsource(fn)))
+    return str(target)
+
+
+def launch_exercise(run: Callable[[], Any], hint: "str | Sequence[str]") -> Any:
+    """Run a launch that executes exercise code in the ranks; an unsolved exercise becomes
+    :class:`ExerciseNotDone` (not a wall of rank tracebacks), any other failure is re-raised."""
+    from course_utils.kernel.launch import LaunchError
+
+    try:
+        return run()
+    except LaunchError as e:
+        if "NotImplementedError" in str(e):
+            raise ExerciseNotDone(f"Exercise not done yet: the ranks hit `{STUB}`. "
+                                  f"Hint: {hint_text(hint, count=False)}") from None
+        raise

@@ -1,0 +1,150 @@
+"""The command lines of a launch: which script, which ``deepspeed`` executable, which flags.
+
+Everything here is decided before any process starts, so a bad script name or config fails in the
+notebook cell with a clear message instead of inside the ranks, and the learner sees the exact shell
+command they could type themselves (``$ cd ... && deepspeed ...``).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from course_utils.kernel import configs
+from course_utils.common import paths, run_folder
+from course_utils.kernel.launch.environment import ssh_environment, write_env_file
+from course_utils.kernel.launch.options import LaunchOptions
+
+
+def free_port() -> int:
+    """A TCP port the kernel just handed out and nobody holds: one per launch, so launches never clash."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deepspeed_cli() -> str:
+    """The ``deepspeed`` launcher of this interpreter's environment (the venv's, not a stray one on PATH)."""
+    exe = Path(sys.executable).parent / "deepspeed"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("deepspeed")
+    if not found:
+        raise FileNotFoundError("The `deepspeed` command is not installed in this environment: run `make setup`.")
+    return found
+
+
+def resolve_script(script: str | Path) -> Path:
+    """``script`` as given, else in ``scripts/``, else relative to the repository root."""
+    path = Path(script)
+    for candidate in (path, paths.SCRIPTS / path, paths.ROOT / path):
+        if candidate.is_file():
+            return candidate.resolve()
+    available = ", ".join(sorted(p.name for p in paths.SCRIPTS.glob("*.py")))
+    raise FileNotFoundError(f"Script {script} not found (looked in {paths.relative(paths.SCRIPTS)}/ too). "
+                            f"Scripts of the course: {available}")
+
+
+def new_run_dir(script: Path, name: str | None) -> Path:
+    """``build/runs/<time>-<name or script>-<id>/``: one folder per launch, never reused."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = paths.runs_dir() / f"{stamp}-{name or script.stem}-{uuid.uuid4().hex[:6]}"
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def _unchecked_config_path(config: str | Path) -> Path:
+    """Where a config file is, without reading it: as given, else in ``configs/`` (as configs.load looks)."""
+    path = Path(config)
+    return path if path.exists() or not (paths.CONFIGS / path).exists() else paths.CONFIGS / path
+
+
+def config_args(options: LaunchOptions, run_dir: Path) -> list[str]:
+    """``[config_arg, <path>]`` for the script, or nothing without a config.
+
+    With ``precheck`` the config is validated for the launch's world size first (a clear message in the
+    cell); without it, it is passed unchanged, so the learner meets DeepSpeed's own error in the ranks.
+    A dict is written to the run folder; a file is passed where it is.
+    """
+    config = options.config
+    if config is None:
+        return []
+    if isinstance(config, dict):
+        cfg = configs.validate(config, world_size=options.world_size, trainer=options.trainer) \
+            if options.precheck else config
+        cfg_path = run_dir / "ds_config.json"
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+    elif options.precheck:
+        configs.validate(config, world_size=options.world_size, trainer=options.trainer)
+        cfg_path = Path(configs.load(config)[1])
+    else:
+        cfg_path = _unchecked_config_path(config)
+    return [options.config_arg, paths.relative(cfg_path)]
+
+
+def write_hostfile(run_dir: Path, hosts: list[str], slots: int) -> Path:
+    """``<host> slots=<n>`` lines in the run folder: the nodes DeepSpeed's launcher counts ranks over, in order."""
+    hostfile = run_dir / "hostfile"
+    hostfile.write_text("".join(f"{host} slots={slots}\n" for host in hosts))
+    return hostfile
+
+
+def node_commands(cli: str, script: Path, script_args: list[str], options: LaunchOptions, port: int,
+                  run_dir: Path) -> list[list[str]]:
+    """One ``deepspeed`` command per simulated node (one in the usual single-machine case, and over ssh).
+
+    Simulated nodes share a hostfile naming ``node0``, ``node1``, ... and each launcher starts only its
+    own node's ranks (``--no_ssh --node_rank n``), all meeting at the same master address and port.
+    With ``hosts``, one launcher reads a hostfile of those hosts and starts every node's ranks over ssh
+    with pdsh (DeepSpeed's default multi-node path); the first host is the master. With the runner's own
+    ``ssh_config``, DeepSpeed's ssh check (plain ``ssh <first host> hostname``, which cannot see that file)
+    is left out: :func:`ssh_launch_env` hands the file to pdsh's ssh instead.
+    """
+    master = options.hosts[0] if options.hosts else "127.0.0.1"
+    common = ["--master_addr", master, "--master_port", str(port)]
+    tail = ["--enable_each_rank_log", paths.relative(run_folder.ranks_dir(run_dir)), paths.relative(script), *script_args]
+    if options.hosts:
+        hostfile = write_hostfile(run_dir, list(options.hosts), options.procs)
+        check = ["--no_ssh_check"] if options.ssh_config else []
+        return [[cli, "--hostfile", paths.relative(hostfile), "--launcher", "pdsh", *check, *common, *tail]]
+    if options.nodes == 1:
+        return [[cli, "--num_gpus", str(options.procs), *common, *tail]]
+    hostfile = write_hostfile(run_dir, [f"node{n}" for n in range(options.nodes)], options.procs)
+    return [[cli, "--hostfile", paths.relative(hostfile), "--no_ssh", "--node_rank", str(n), *common, *tail]
+            for n in range(options.nodes)]
+
+
+ENV_FILE = ".deepspeed_env"     # in the run folder; DS_ENV_FILE tells DeepSpeed's runner where it is
+
+
+def ssh_launch_env(options: LaunchOptions, run_dir: Path, rank_env: dict[str, str]) -> dict[str, str]:
+    """The launcher's environment for a launch over ssh (empty otherwise), with the files it names written.
+
+    - ``DS_ENV_FILE``: DeepSpeed's runner exports every ``NAME=value`` line of ``.deepspeed_env`` (looked up in
+      the home folder and the current folder, or where this variable says) to the ranks on every host; the
+      run folder gets its own, with what the ranks need (:func:`environment.ssh_environment`).
+    - ``PDSH_SSH_ARGS_APPEND``: options pdsh adds to each ``ssh`` it runs; here ``-F <ssh_config>``.
+    """
+    if not options.hosts:
+        return {}
+    env_file = write_env_file(run_dir / ENV_FILE, ssh_environment(rank_env))
+    env = {"DS_ENV_FILE": str(env_file)}
+    if options.ssh_config:
+        config = str(Path(options.ssh_config).resolve())
+        if any(c.isspace() for c in config):
+            raise ValueError(f"pdsh splits PDSH_SSH_ARGS_APPEND at blanks: the ssh config's path must have none ({config})")
+        env["PDSH_SSH_ARGS_APPEND"] = f"-F {config}"
+    return env
+
+
+def shown_command(commands: list[list[str]], env: dict[str, str] | None = None) -> str:
+    """The shell commands a learner could paste into a terminal: ``cd <repo> && deepspeed ...``, one per node,
+    after the launcher's own variables (``env``) when it has any."""
+    assignments = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return "\n".join(f"cd {shlex.quote(str(paths.ROOT))} && {assignments}" + shlex.join(["deepspeed", *c[1:]])
+                     for c in commands)

@@ -1,0 +1,158 @@
+"""Turning a failed launch into one message that names what went wrong.
+
+When one rank dies, its peers die soon after with connection errors that say nothing about the cause.
+The rank hook (``course_utils/rank/hook/sitecustomize.py``) writes ``failures/rank<N>.json`` with the
+time of each uncaught exception, so the message can name the rank that failed *first* and show its
+traceback, not the last rank to notice.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from course_utils.common import paths
+from course_utils.common import run_folder
+from course_utils.kernel.launch.result import LaunchResult
+from course_utils.kernel.launch.stacks import main_thread_stack
+
+TAIL_LINES = 25
+
+
+def tail(text: str, n: int = TAIL_LINES) -> str:
+    """The last ``n`` lines of ``text``."""
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None, str]:
+    """The rank that died first and its traceback: from the rank hook's records, else from the logs."""
+    records = []
+    for path in run_folder.failure_files(run_dir):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            pass
+    if records:
+        first = min(records, key=lambda r: r["time"])
+        return int(first["rank"]), first["traceback"]
+    for rank, text in sorted(rank_logs.items()):
+        if "Traceback (most recent call last)" in text:
+            return rank, text[text.index("Traceback (most recent call last)"):]
+    return None, ""
+
+
+# DeepSpeed's local launcher (deepspeed/launcher/launch.py, sigkill_handler) logs the first rank it finds ended
+# with a non-zero status: "[... '--local_rank=1', ...] exits with return code = -9". Negative: killed by a signal.
+_EXITED = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+SIGNAL_CAUSES = {
+    9: ("SIGKILL", "with no traceback this is most often the kernel's out-of-memory killer: the machine, container or "
+        "cgroup ran out of memory (`dmesg | grep -i oom`, or the container's memory events, say which). What to change: "
+        "less memory per rank — a smaller micro-batch with gradient accumulation, a higher ZeRO stage, offload, fewer "
+        "ranks on this machine (notebook 05's OOM ladder)"),
+    6: ("SIGABRT", "native code aborted (a C++ exception or assertion in torch, gloo/NCCL or a compiled op); the "
+        "lines just above it in the rank's log usually say which"),
+    11: ("SIGSEGV", "a crash in native code (a compiled op built for another version, or a bug in an extension)"),
+    7: ("SIGBUS", "often /dev/shm full: DeepSpeed's CPU all-reduce and the DataLoader's workers keep buffers there"),
+}
+
+
+def killed_rank(log: str) -> tuple[int, int, str] | None:
+    """(local rank, signal number, node) of a rank the launcher saw killed by a signal, or None. ``node`` is ""
+    for a single-machine launch, else the host whose launcher saw it."""
+    for line in log.splitlines():
+        m = _EXITED.search(line)
+        if m and int(m[2]) < 0:
+            source = line.partition("] ")[0].lstrip("[")
+            return int(m[1]), -int(m[2]), source.removeprefix("launcher").strip()
+    return None
+
+
+def killed_message(rank: int, signum: int, node: str = "") -> str:
+    """Why a rank ended by signal ``signum`` without a traceback, and what to change."""
+    name, cause = SIGNAL_CAUSES.get(signum, (f"signal {signum}", "something outside Python ended it"))
+    who = f"Local rank {rank} on {node}" if node else f"Rank {rank}"
+    return (f"{who} was killed by {name} (exit status -{signum}) and left no Python traceback: {cause}. "
+            "Peers that fail afterwards with connection errors only lost it.")
+
+
+def hidden_note(hidden: int, run_dir: Path) -> str:
+    """Where the lines the learner filter kept out of the cell's output are, or "" when none were."""
+    if not hidden:
+        return ""
+    return (f"({hidden} line{'s' if hidden != 1 else ''} of launcher/library chatter hidden: "
+            f"{paths.relative(run_folder.launch_log(run_dir))}, or verbose=True)")
+
+
+def finished_message(result: LaunchResult, note: str = "") -> str:
+    """The last line of a successful launch."""
+    line = (f"✔ {result.world_size} ranks finished in {result.seconds:.1f} s — "
+            f"logs: {paths.relative(result.run_dir)}/")
+    return f"{line} {note}" if note else line
+
+
+_BATCH = re.compile(r"train_batch_size is not equal to micro_batch_per_gpu \* gradient_acc_step \* world_size "
+                    r"(\d+) != (\d+) \* (\d+) \* (\d+)")
+
+
+def diagnosis(trace: str) -> str:
+    """What to change, for failures whose own message does not say it; "" when none applies.
+
+    DeepSpeed's batch assertion already names its numbers (notebook 02 has you read it); what it cannot say is
+    that on CPU-only ranks the Trainer counted one rank.
+    """
+    batch = _BATCH.search(trace)
+    if batch:
+        train, micro, accumulation, world = map(int, batch.groups())
+        if world > 1 and train == micro * accumulation and ("transformers" in trace or "accelerate" in trace):
+            return ("What to change: the Trainer computed train_batch_size for ONE rank while DeepSpeed sees "
+                    f"{world}. On CPU-only ranks TrainingArguments does not set up the distributed state DeepSpeed "
+                    "uses (accelerate looks for an accelerator), so every rank counts itself alone. Create "
+                    "accelerate's PartialState for DeepSpeed over gloo before TrainingArguments and pass "
+                    "accelerator_config={'use_configured_state': True} (notebook 08, section 1); the course's rank "
+                    "hook does this for you unless the launch sets COURSE_HOOK_TRAINER=0.")
+    return ""
+
+
+def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note: str = "",
+                    stalled: float | None = None) -> str:
+    """The :class:`LaunchError` message: a timeout, or a stall of ``stalled`` seconds (every rank's stack, or its
+    last lines), or the first failing rank."""
+    where = (f"Logs: {paths.relative(run_folder.launch_log(result.run_dir))} and "
+             f"{run_folder.RANKS}/.") + (f" {note}" if note else "")
+    if timed_out:
+        ended = (f"Launch stalled: every rank had printed, then no line came for {stalled:g} s (stall={stalled:g})"
+                 if stalled else f"Launch timed out after {timeout:.0f} s")
+        knob = "stall" if stalled else "timeout"
+        if result.stacks:
+            where_each = "\n".join(f"--- rank {r}: where it was (most recent call first) ---\n{main_thread_stack(t)}"
+                                   for r, t in sorted(result.stacks.items()))
+            missing = sorted(set(range(result.world_size)) - set(result.stacks))
+            return (f"{ended}; every rank's Python stack was taken, then every "
+                    f"process of the launch was killed. Compare the ranks: one waiting in a collective (all_reduce, "
+                    f"barrier, ...) that another never reached is a hang; all of them busy in training code is a run "
+                    f"that needs a longer {knob}=.\n{where_each}\n"
+                    + (f"(no stack from rank(s) {missing}: not started yet, or already gone)\n" if missing else "")
+                    + f"All threads: {paths.relative(result.run_dir)}/stacks/. {where}")
+        tails = "\n".join(f"--- rank {r} (last lines) ---\n{tail(t, 8)}" for r, t in sorted(result.rank_logs.items()))
+        return (f"{ended} and every process of it was killed. A rank stuck "
+                f"in a collective (all_reduce, barrier, ...) that another rank never reached looks like "
+                f"this; so does a run that needs a longer {knob}=.\n{tails}\n{where}")
+    killed = killed_rank(result.log)
+    if killed:
+        rank, signum, node = killed
+        lines = "" if node else f"--- rank {rank} (last lines) ---\n{tail(result.rank_logs.get(rank, ''), 8)}\n"
+        return f"{killed_message(rank, signum, node)}\n{lines}{where}"
+    rank, trace = first_failure(result.run_dir, result.rank_logs)
+    if rank is None:
+        return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
+                f"with an error status or was killed); the end of the log:\n{tail(result.log)}\n{where}")
+    lost = re.search(r"Connection (closed|reset) by peer", trace)
+    vanished = sorted(set(range(result.world_size)) - run_folder.failed_ranks(result.run_dir)
+                      - run_folder.finished_ranks(result.run_dir)) if lost else []
+    if vanished:      # the launcher logged the peer's status first: the rank that vanished left no record at all
+        which = f"Rank {vanished[0]}" if len(vanished) == 1 else f"One of ranks {', '.join(map(str, vanished))}"
+        return (f"{which} ended without a Python traceback (killed by a signal; "
+                f"{SIGNAL_CAUSES[9][1]}). Rank {rank} only lost its connection to it:\n{tail(trace, 4)}\n{where}")
+    advice = diagnosis(trace)
+    return (f"Rank {rank} failed (launch exit code {result.returncode}):\n{tail(trace)}\n"
+            + (f"{advice}\n" if advice else "") + where)

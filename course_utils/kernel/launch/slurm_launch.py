@@ -1,0 +1,240 @@
+"""DeepSpeed launched under Slurm, on the course's cluster (:mod:`.slurm`), three ways, each with a timeout:
+
+- ``"srun"``: ``srun -N 2`` starts one shell per node, which runs DeepSpeed's launcher for that node only
+  (``deepspeed --hostfile <h> --no_ssh --node_rank=$SLURM_NODEID ...``): DeepSpeed's documented way without ssh;
+- ``"slurm"``: one ``deepspeed --launcher slurm`` on this machine; DeepSpeed's ``SlurmRunner`` runs
+  ``srun -n <ranks> python -u script`` itself, and each rank finds its place with MPI (mpi4py);
+- ``"openmpi"``: ``salloc -N 2`` holds both nodes and runs ``deepspeed --launcher openmpi``, whose ``OpenMPIRunner``
+  runs ``mpirun`` (which starts its daemons on the allocation's nodes with ``srun``).
+
+The ranks get the course's launch environment (:func:`environment.rank_environment`: the run folder, the rank hook,
+the core share) through Slurm's ``--export=ALL``, and write their records to a run folder as under
+:func:`~course_utils.kernel.launch.deepspeed`. A launch that runs past its timeout is cancelled (``scancel``) and every
+process of it ended.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from course_utils.common import paths, run_folder
+from course_utils.common.record import read_records
+from course_utils.kernel.launch.commands import deepspeed_cli, free_port, new_run_dir, resolve_script, write_hostfile
+from course_utils.kernel.launch.environment import rank_environment
+from course_utils.kernel.launch.processes import die_with_parent, end_run_processes, kill_group, release_shm_buffers
+from course_utils.kernel.launch.slurm import SlurmCluster, why_not
+from course_utils.kernel.launch.streams import LearnerFilter
+
+WAYS = ("srun", "slurm", "openmpi")
+SCRIPT = "14_slurm_ranks.py"
+
+
+@dataclass
+class SlurmLaunch:
+    """What one launch under Slurm did: its command, output, exit code and the ranks' records."""
+    way: str
+    command: str                # the shell command, as a learner would type it on the login node
+    returncode: int
+    output: str
+    records: list[dict]
+    run_dir: Path
+    seconds: float
+    timed_out: bool = False
+
+    @property
+    def ranks(self) -> list[dict]:
+        """Each rank's ``SlurmRank`` record (scripts/14_slurm_ranks.py), by rank."""
+        return ranks_of(self.records)
+
+    def error(self, lines: int = 3) -> str:
+        """The last lines of the output that name an error (DeepSpeed's, Slurm's or Python's), else its last line."""
+        marks = ("Error", "error:", "srun:", "exited with", "Exception", "ORTE", "mpirun", "not installed")
+        found = [ln.strip() for ln in self.output.splitlines() if any(m in ln for m in marks)]
+        return "\n".join(found[-lines:]) or (self.output.strip().splitlines() or [""])[-1]
+
+
+def available(what: str) -> bool:
+    """True when this machine can run the course's Slurm cluster; otherwise print why ``what`` is skipped."""
+    reason = why_not()
+    if reason is None:
+        return True
+    print(f"⏭  {what}: {reason}")
+    return False
+
+
+def ranks_of(records: list[dict]) -> list[dict]:
+    """The ``SlurmRank`` records (scripts/14_slurm_ranks.py) among ``records``, by rank."""
+    return sorted((r["value"] for r in records if r["name"] == "slurm_rank"),
+                  key=lambda v: (v["rank"], v["slurm_procid"] or 0))
+
+
+def launch_env(cluster: SlurmCluster, run_dir: Path, port: int, world_size: int = 2) -> dict[str, str]:
+    """The course's rank environment (run folder, rank hook, cores) plus this cluster's ``SLURM_CONF`` and the port
+    the ranks meet on (``COURSE_MASTER_PORT``), and Open MPI's session folders in the cluster's folder: what
+    ``sbatch``/``srun`` export to the job's tasks."""
+    env = rank_environment(run_dir, world_size, {"SLURM_CONF": str(cluster.conf), "COURSE_MASTER_PORT": port})
+    env["OMPI_MCA_orte_tmpdir_base"] = str(cluster.folder)   # Open MPI's session folders: not in /tmp
+    if os.geteuid() == 0:        # mpirun refuses root unless told twice (Open MPI's own variables)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def master_addr(cluster: SlurmCluster, node: str) -> str:
+    """The address of ``node`` as slurm.conf gives it (``NodeAddr``): the node names here resolve nowhere else."""
+    out = cluster.command("scontrol", "show", "node", node, "-o").stdout
+    return next(f.split("=", 1)[1] for f in out.split() if f.startswith("NodeAddr="))
+
+
+def job_command(cluster: SlurmCluster, way: str, script: Path, script_args: list[str], run_dir: Path,
+                port: int, job_name: str, launcher_args: str = "") -> list[str]:
+    """The command line of ``way`` (:data:`WAYS`) for one rank per node on every node of the cluster;
+    ``launcher_args``: more options for the ``srun`` (``slurm``) or ``mpirun`` (``openmpi``) DeepSpeed builds."""
+    nodes = list(cluster.nodes)
+    hostfile = paths.relative(write_hostfile(run_dir, nodes, 1))
+    cli, target = deepspeed_cli(), [paths.relative(script), *script_args]
+    master = ["--master_addr", master_addr(cluster, nodes[0]), "--master_port", str(port)]
+    if way == "srun":
+        node_cmd = shlex.join([cli, "--hostfile", hostfile, "--no_ssh", *master, *target]).replace(
+            " --no_ssh ", " --no_ssh --node_rank=$SLURM_NODEID ")
+        return ["srun", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
+                "--kill-on-bad-exit=1", "bash", "-c", node_cmd]
+    if way == "slurm":
+        return [cli, "--hostfile", hostfile, "--launcher", "slurm", "--no_ssh_check", *master,
+                "--launcher_args", f"{launcher_args} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+                f"--job-name={job_name}".strip(), *target]
+    if way == "openmpi":
+        return ["salloc", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
+                cli, "--hostfile", hostfile, "--launcher", "openmpi", "--no_ssh_check", *master,
+                "--launcher_args", f"{launcher_args} --mca btl_tcp_if_include lo".strip(), *target]
+    raise ValueError(f"way must be one of {WAYS}, not {way!r}")
+
+
+def shown(cmd: list[str]) -> str:
+    """``cmd`` as a learner would type it: ``deepspeed`` by name, paths relative to the repository."""
+    return shlex.join(["deepspeed" if c == deepspeed_cli() else c for c in cmd])
+
+
+def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCRIPT, timeout: float = 90.0,
+           launcher_args: str = "", quiet: bool = False) -> SlurmLaunch:
+    """Launch ``script`` one rank per node on the cluster ``way`` (:data:`WAYS`; ``launcher_args``: see
+    :func:`job_command`), print the command and the output, and return what it did. Past ``timeout`` seconds the job is cancelled and every process of it ended."""
+    script_path = resolve_script(script)
+    run_dir = new_run_dir(script_path, f"slurm-{way}")
+    port, job_name = free_port(), f"course-{run_dir.name[-6:]}"
+    cmd = job_command(cluster, way, script_path, [str(a) for a in script_args], run_dir, port, job_name, launcher_args)
+    if not quiet:
+        print(f"$ {shown(cmd)}", flush=True)
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=paths.ROOT, env=launch_env(cluster, run_dir, port), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True, preexec_fn=die_with_parent)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        outcome = _supervise(proc, run_dir, started + timeout)
+        if outcome is not None:         # every rank is done (or timed out): the launchers need not idle to their end
+            _cancel(cluster, job_name, proc)
+    except BaseException:               # an interrupted cell
+        _cancel(cluster, job_name, proc)
+        raise
+    finally:
+        end_run_processes(run_dir)      # the tasks slurmstepd started: their environment names the run folder
+        release_shm_buffers(port)
+        reader.join(timeout=5)
+    output = "".join(lines)
+    timed_out = outcome == "timeout"
+    code = {"timeout": 124, "finished": 0}.get(outcome, proc.returncode)
+    result = SlurmLaunch(way=way, command=shown(cmd), returncode=code,
+                         output=output, records=read_records(run_dir), run_dir=run_dir,
+                         seconds=time.monotonic() - started, timed_out=timed_out)
+    (run_dir / "launch.log").write_text(output)
+    if not quiet:
+        print(learner_lines(output), flush=True)
+        print(f"→ {way}: exit code {result.returncode}{' (timed out)' if timed_out else ''}, {len(result.ranks)} "
+              f"rank record(s), {result.seconds:.1f} s; full output in {paths.relative(run_dir / 'launch.log')}")
+    return result
+
+
+def _supervise(proc: subprocess.Popen, run_dir: Path, deadline: float, world_size: int = 2) -> str | None:
+    """Wait for the launch command; end early once every rank left its finished mark (``"finished"``: DeepSpeed's
+    launchers poll their ranks once a second, then shut down); ``"timeout"`` past ``deadline``; None when the command
+    ended by itself (a failed rank: ``srun --kill-on-bad-exit`` and ``mpirun`` end the others, and say which failed)."""
+    while proc.poll() is None:
+        if len(run_folder.finished_ranks(run_dir)) >= world_size:
+            return "finished"
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(0.1)
+    return None
+
+
+def _cancel(cluster: SlurmCluster, job_name: str, proc: subprocess.Popen) -> None:
+    """Cancel the launch's job (by name) and end the command that started it, with everything under it."""
+    cluster.command("scancel", f"--name={job_name}", check=False)
+    kill_group([proc])
+
+
+def learner_lines(output: str, limit: int = 40) -> str:
+    """What teaches in the output of a launch or a job: the ranks' lines, errors and Slurm's messages, not
+    DeepSpeed's INFO and WARNING lines, Python's warnings, or the chatter the runner hides (:data:`.streams.CHATTER`)."""
+    chatter = LearnerFilter()
+    keep = [ln for ln in output.splitlines() if ln.strip() and "[INFO]" not in ln and "[WARNING]" not in ln
+            and "Warning" not in ln and chatter.shows(f"[output] {ln}")]
+    return "\n".join(keep[-limit:])
+
+
+def batch_script(deepspeed: str, script: str, *script_args: Any) -> str:
+    """The course's ``sbatch`` script: one rank per node on 2 nodes, a hostfile from ``$SLURM_JOB_NODELIST``, the
+    first node's address as master, then ``srun`` of DeepSpeed's launcher once per node (``--no_ssh``, the node rank
+    from Slurm), each node's output in its own file. Files go to ``$COURSE_RUN_DIR`` (on your cluster: your job's
+    folder); ``$COURSE_MASTER_PORT`` is a free port (on your cluster 29500 does, unless two jobs share a node)."""
+    target = shlex.join([script, *(str(a) for a in script_args)])
+    return f"""#!/bin/bash
+#SBATCH --job-name=ds-course
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=00:05:00
+set -euo pipefail
+hostfile="$COURSE_RUN_DIR/hostfile"
+scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=1/' > "$hostfile"
+first=$(head -n 1 "$hostfile" | cut -d' ' -f1)
+master=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+srun --output="$COURSE_RUN_DIR/node-%N.out" bash -c \\
+  "{deepspeed} --hostfile $hostfile --no_ssh --node_rank=\\$SLURM_NODEID --master_addr $master --master_port $COURSE_MASTER_PORT {target}"
+"""
+
+
+@dataclass
+class BatchJob:
+    """A job submitted with :func:`submit`: its id, its run folder (records, ``job.out``, each node's output)."""
+    job_id: str
+    run_dir: Path
+    script: Path
+
+    @property
+    def ranks(self) -> list[dict]:
+        """The ranks' records (``SlurmRank``), read from the run folder now."""
+        return ranks_of(read_records(self.run_dir))
+
+    def outputs(self) -> dict[str, str]:
+        """``{file name: text}`` of what the job wrote in its run folder (``job.out``, ``node-<name>.out``)."""
+        return {p.name: p.read_text(errors="replace") for p in sorted(self.run_dir.glob("*.out"))}
+
+
+def submit(cluster: SlurmCluster, text: str, *sbatch_args: str, name: str = "sbatch") -> BatchJob:
+    """``sbatch`` the script ``text`` (written to a new run folder) with the course's launch environment; the job's own
+    output goes to ``job.out`` there. Returns at once: follow it with ``cluster.job(id)`` or ``cluster.wait(id)``."""
+    run_dir = new_run_dir(resolve_script(SCRIPT), name)
+    path = run_dir / "job.sbatch"
+    path.write_text(text)
+    env = launch_env(cluster, run_dir, free_port())
+    done = cluster.command("sbatch", "--parsable", f"--output={run_dir / 'job.out'}", f"--chdir={paths.ROOT}",
+                           *sbatch_args, str(path), env=env)
+    return BatchJob(job_id=done.stdout.strip().split(";")[0], run_dir=run_dir, script=path)

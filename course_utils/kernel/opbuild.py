@@ -1,0 +1,219 @@
+"""The background build of DeepSpeed's ops, and waiting for one before a launch that loads it.
+
+``make course`` and ``make lab`` start sooner by building at set-up only what the first notebooks load
+(:func:`course_utils.kernel.ops.first_ops`); the others build here, one after another, in a process of their own
+(``python -m course_utils.kernel.ops --build --state <file>``) whose output goes to ``build/ops-build.log``. Its
+state file, beside the ops in ``TORCH_EXTENSIONS_DIR``, says which op it builds and since when; a launch that
+loads an op still to come waits for it (:func:`wait_for_launch`, one line: which op, about how long). Two
+processes never build one op at once: torch's JIT loader holds ``<op>/lock`` while it compiles
+(``torch.utils.file_baton.FileBaton``), and a rank that loads the op meanwhile waits for that lock to go.
+Whoever starts the background build stops it (:func:`stop`) before it exits, so no build outlives
+``make course`` or ``make lab``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from course_utils.kernel import ops as _ops
+from course_utils.common import paths, reaper
+from course_utils.kernel.progress import minutes, say
+
+STATE = "course-background-build.json"
+LOG = "ops-build.log"
+
+
+def state_file() -> Path:
+    return _ops.extensions_dir() / STATE
+
+
+def write_state(path: Path, todo: list[_ops.Op], done: dict[str, str], building: str | None,
+                pid: int | None = None, factor: float = 1.0) -> None:
+    """The builder's progress, for the waiting side: its pid, the ops to build, which now and since when, and how
+    much slower than the table's estimates the ops built so far took (:class:`course_utils.kernel.ops.Pace`)."""
+    state = {"pid": pid or os.getpid(), "ops": [op.name for op in todo], "done": done, "building": building,
+             "since": time.time(), "factor": factor}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")      # the starter and the build both write it
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running op build (not a process that got the pid of a build killed long ago)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:       # empty for a moment after the build's exec: unknown, so counted as the build
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return not cmdline or b"course_utils.kernel.ops" in cmdline
+
+
+def raw_state(path: Path | None = None) -> dict | None:
+    """What the state file says, whether or not its builder still runs (None: no file)."""
+    try:
+        return json.loads((path or state_file()).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_state(path: Path | None = None) -> dict | None:
+    """The running background build's state, or None when none runs (no file, or its builder is gone or done)."""
+    state = raw_state(path)
+    return state if state and _alive(int(state.get("pid", 0))) and state.get("building") else None
+
+
+def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
+    """The ops of ``names`` the background build has still to finish, each with the seconds until it is ready
+    (the op being built: its estimate less its time so far; those after it: their estimates added on)."""
+    if state is None:
+        return []
+    table = {op.name: op.seconds for op in _ops.ALL_OPS}
+    queue = [n for n in state["ops"] if n not in state["done"]]
+    out, ahead = [], 0.0
+    for n in queue:
+        seconds = table.get(n, 60) * state.get("factor", 1.0)
+        if n == state["building"]:
+            seconds = max(10.0, seconds - (time.time() - state["since"]))
+        ahead += seconds
+        if n in names:
+            out.append((n, ahead))
+    return out
+
+
+def waiting_line(what: str, waits: list[tuple[str, float]]) -> str:
+    ops = ", ".join(n for n, _ in waits)
+    needed = {op.name: op.needed_by for op in _ops.ALL_OPS}
+    return (f"⏳ {what} waits for DeepSpeed's {ops} op{'s' if len(waits) > 1 else ''} — needed by "
+            f"{needed.get(waits[0][0], 'this launch')} — building in the background: about {minutes(waits[-1][1])} "
+            f"left (log: {paths.relative(paths.build_dir() / LOG)})")
+
+
+def wait_for(names: list[str], what: str, quiet: bool = False, poll: float = 1.0,
+             read: Callable[[], dict | None] = read_state) -> float:
+    """Block until the background build has built ``names`` (or stopped); say so in one line if it must wait.
+    Returns the seconds waited."""
+    waits = pending(names, read())
+    if not waits:
+        return 0.0
+    if not quiet:
+        say(waiting_line(what, waits))
+    started = time.monotonic()
+    while pending(names, read()):
+        time.sleep(poll)
+    return time.monotonic() - started
+
+
+NOTEBOOK_ENV = "COURSE_NOTEBOOK"     # set by ``make course`` for each notebook's kernel
+
+
+def wait_for_launch(script_stem: str, quiet: bool = False) -> float:
+    """Before a launch of ``script_stem``: wait for the ops it may load that the background build has yet to build
+    (by its ``NN_`` prefix, :func:`course_utils.kernel.ops.for_script`; for a script without one, by the notebook that
+    ``make course`` runs, else every op)."""
+    state = read_state()
+    if state is None:
+        return 0.0
+    stem = script_stem if script_stem[:2].isdigit() else os.environ.get(NOTEBOOK_ENV, script_stem)
+    names = [op.name for op in _ops.for_script(stem)]
+    return wait_for(names, f"This launch ({script_stem})", quiet)
+
+
+def start() -> subprocess.Popen | None:
+    """Start building the missing ops in the background (None when none is missing or a build already runs)."""
+    todo = _ops.missing()
+    if not todo or read_state() is not None:
+        return None
+    log = paths.build_dir() / LOG
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "course_utils.kernel.ops", "--build", "--state", str(state_file())],
+                                cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    write_state(state_file(), todo, {}, todo[0].name, proc.pid, _ops.BESIDE_NOTEBOOKS)   # waiters see it from now
+    total = _ops.BESIDE_NOTEBOOKS * sum(op.seconds for op in todo)
+    say(f"Building DeepSpeed's {', '.join(op.name for op in todo)} in the background (about {minutes(total)} beside "
+        f"the notebooks on 2 cores; log: {paths.relative(log)}): a notebook that needs one starts once it is built.")
+    return proc
+
+
+def stop(proc: subprocess.Popen | None, grace: float = 20.0) -> bool:
+    """End the background build if it still runs (SIGTERM: torch releases its build lock; then SIGKILL to its
+    whole process group). True when it had to be stopped before it finished."""
+    if proc is None or proc.poll() is not None:
+        return False
+    state = read_state()
+    reaper.end(groups=[proc.pid], grace=grace, rounds=1)
+    proc.wait()
+    if state is not None and state["building"]:      # killed while compiling: its lock would block every later build
+        lock = _ops.extensions_dir() / state["building"] / "lock"
+        if lock.exists() and lock.stat().st_mtime >= state["since"] - 1:
+            lock.unlink(missing_ok=True)
+    state_file().unlink(missing_ok=True)
+    return True
+
+
+def building_now() -> str | None:
+    """The op the background build compiles now (its lock is not a killed launch's leftover), or None."""
+    state = read_state()
+    return state["building"] if state else None
+
+
+def news(reported: dict[str, str], state: dict | None) -> list[str]:
+    """Lines for what the background build did since the last call (for ``make course``): each op it finished, and
+    the op it goes on with. ``reported`` (op → what was said) is updated."""
+    if state is None:
+        return []
+    every = [op.name for op in _ops.course_ops()]
+    needed = {op.name: op.needed_by for op in _ops.ALL_OPS}
+    lines = []
+    for name, outcome in state.get("done", {}).items():
+        if reported.get(name) != outcome:
+            reported[name] = outcome
+            n = every.index(name) + 1 if name in every else 0
+            lines.append(f"  op {n} of {len(every)}, {name}: {outcome} (background build)")
+    nxt = state.get("building")
+    if nxt and reported.get(nxt) is None:
+        reported[nxt] = ""
+        waits = pending([nxt], read_state())
+        n = every.index(nxt) + 1 if nxt in every else 0
+        lines.append(f"  op {n} of {len(every)}, {nxt} — needed by {needed.get(nxt, '?')} — building in the background,"
+                     f" about {minutes(waits[0][1] if waits else 60)} left")
+    return lines
+
+
+def end_with_parent(poll: float = 2.0) -> threading.Thread:
+    """In the background build: should the process that started it die without stopping it (killed, not
+    interrupted), end the build the same way :func:`stop` would (SIGTERM to its process group, compilers included)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def run_beside(command: list[str]) -> int:
+    """Run ``command`` (``make lab``'s JupyterLab) while the missing ops build; stop the build when it exits."""
+    proc = start()
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if stop(proc):
+            say("The background op build stopped before it finished; the next `make course` or `make lab` goes on with it.")

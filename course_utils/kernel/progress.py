@@ -1,0 +1,203 @@
+"""Where a long run is and how long is left: set-up steps, op builds, the notebooks of ``make course``.
+
+In a terminal a live bar (tqdm, already a dependency of the venv's stack) sits under the lines; in CI and logs
+(no terminal, or ``CI`` set) there are plain lines only. Standard library otherwise: set-up runs this before the
+venv has its packages (``python -m course_utils.kernel.progress step ...``), when the bar is simply left out.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from course_utils.common import paths
+
+
+def live() -> bool:
+    """Whether to draw a live bar: a terminal, not CI, and tqdm importable."""
+    if os.environ.get("CI") or not sys.stdout.isatty():
+        return False
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def minutes(seconds: float) -> str:
+    """``"40 s"``, ``"3 min"``: how a learner reads an estimate (rounded up to 10 s under 2 min, else to a minute)."""
+    if seconds < 120:
+        return f"{max(10, -(-int(seconds) // 10) * 10)} s"
+    return f"{-(-int(seconds) // 60)} min"
+
+
+def clock(seconds: float) -> str:
+    """Elapsed time as ``"4 min 05 s"``."""
+    s = int(seconds)
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def say(line: str) -> None:
+    """Print a line above a live bar (or plainly)."""
+    if live():
+        from tqdm import tqdm
+        tqdm.write(line)
+        sys.stdout.flush()
+    else:
+        print(line, flush=True)
+
+
+@contextlib.contextmanager
+def timed(label: str, estimate: float, left: float | None = None) -> Iterator[None]:
+    """One opaque step (a compile, an install): its line with the estimate, and in a terminal a bar of the time
+    elapsed against the estimate until it is done."""
+    say(f"{label} — about {minutes(estimate if left is None else left)} left")
+    if not live():
+        yield
+        return
+    from tqdm import tqdm
+
+    done = threading.Event()
+    bar = tqdm(total=int(estimate), leave=False, bar_format="  {bar:30} {elapsed} of about " + minutes(estimate))
+
+    def tick() -> None:
+        started = time.monotonic()
+        while not done.wait(1):
+            bar.n = min(int(time.monotonic() - started), int(estimate) - 1)
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
+
+
+class CourseBar:
+    """``make course``'s progress: a bar of notebooks done (terminal) and the "n of N" lines (always)."""
+
+    def __init__(self, total: int):
+        self.total, self.started = total, time.monotonic()
+        self.bar = None
+        if live():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, bar_format="{desc} {bar:20} {n}/{total} notebooks{postfix}")
+            self.bar.set_description_str("course")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def status(self, left: float) -> str:
+        return f"{clock(self.elapsed())} elapsed" + (f", about {minutes(left)} left" if left > 0 else "")
+
+    def tick(self, left: float) -> None:
+        """Refresh the bar's clock (every poll of the run loop)."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.status(left), refresh=True)
+
+    def done(self, n: int, line: str, left: float) -> None:
+        say(f"{line} · {n} of {self.total} done, {self.status(left)}")
+        if self.bar is not None:
+            self.bar.n = n
+            self.tick(left)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def left_seconds(waiting: list[str], running: Mapping[str, float], estimate: Mapping[str, float],
+                 alone: set[str], lanes: int) -> float:
+    """Seconds until the run ends: notebooks that share the cores (waiting, and the rest of those running) divided
+    over the lanes, plus those that run alone one after another. ``running``: notebook → seconds it has run."""
+    def rest(name: str) -> float:      # one that runs past its estimate still has a little left
+        expected = estimate.get(name, 60.0)
+        return max(0.1 * expected, expected - running[name]) if name in running else expected
+
+    names = list(waiting) + list(running)
+    shared = sum(rest(n) for n in names if n not in alone)
+    return shared / max(1, lanes) + sum(rest(n) for n in names if n in alone)
+
+
+# The set-up steps of the Makefile, with their time on a fresh 2-core machine (measured 2026-11-25).
+SETUP_STEPS = {"packages": ("the pinned packages (pip)", 90), "kernel": ("the Jupyter kernel", 5),
+               "libaio": ("libaio-dev for NVMe offload (apt)", 15), "multinode": ("pdsh and OpenSSH (apt)", 20),
+               "slurm": ("Slurm, munge and Open MPI for the cluster lessons (apt)", 20),
+               "ops": ("DeepSpeed's ops for the first notebooks", 35)}
+SETUP_LOG = "setup.log"
+
+
+def _setup_started(log: Path, first: bool) -> float:
+    if first or not log.exists():
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"# set-up started {time.time():.0f}\n")
+    m = re.match(r"# set-up started (\d+)", log.read_text()[:100])
+    return float(m[1]) if m else time.time()
+
+
+def step(name: str, command: list[str], log: Path, show: bool = False) -> int:
+    """Run one set-up step: its line (n of N, estimate), its output into ``log``, then how long it took and how
+    long set-up has left. Lines starting with ``NOTE`` (what the learner must do, from ``.ci/install-*``) are
+    shown; on a failure, the end of the output. ``show``: the command's standard output is for the learner (it
+    says its own progress); only its standard error goes to the log."""
+    names = list(SETUP_STEPS)
+    n = names.index(name) + 1
+    started_setup = _setup_started(log, n == 1)
+    label, estimate = SETUP_STEPS[name]
+    header = f"set-up {n} of {len(names)}: {label}"
+    started = time.monotonic()
+    with log.open("a") as out:
+        out.write(f"\n# step {n}: {' '.join(command)}\n")
+        out.flush()
+        if show:
+            say(f"{header} — about {minutes(sum(SETUP_STEPS[s][1] for s in names[n - 1:]))} left")
+            proc = subprocess.run(command, stderr=out)
+            text = ""
+        else:
+            with timed(header, estimate, sum(SETUP_STEPS[s][1] for s in names[n - 1:])):
+                proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      errors="replace")
+            text = proc.stdout
+            out.write(text)
+    note = False
+    for line in text.splitlines():
+        note = line.startswith("NOTE") or (note and line.startswith(" ") and line.strip() != "")
+        if note:
+            say(line)
+    if proc.returncode != 0:
+        tail = text.splitlines()[-30:] if text else log.read_text().splitlines()[-30:]
+        say("\n".join(tail))
+        say(f"set-up {n} of {len(names)} FAILED (exit {proc.returncode}); full output: {paths.relative(log)}")
+        return proc.returncode
+    rest = sum(SETUP_STEPS[s][1] for s in names[n:])
+    say(f"  done in {clock(time.monotonic() - started)} (set-up {clock(time.time() - started_setup)} so far"
+        + (f", about {minutes(rest)} left" if rest else "") + f"; output in {paths.relative(log)})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("step", help="run one set-up step: python -m course_utils.kernel.progress step NAME [--show] -- COMMAND...")
+    s.add_argument("name", choices=list(SETUP_STEPS))
+    s.add_argument("--show", action="store_true", help="the command's output is for the learner")
+    a = parser.parse_args(ours)
+    if not command:
+        parser.error("no command after --")
+    return step(a.name, command, paths.build_dir() / SETUP_LOG, a.show)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""Notebook 11's tables and figures, read from what ``scripts/11_performance.py`` and ``scripts/11_hang.py``
+recorded: the same updates under gradient accumulation, activation memory, the flops profiler and MFU, where a
+step's time goes (with an α–β model of the all-reduce), the monitor's CSV files, and where each rank hung."""
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from course_utils.kernel import scripts
+from course_utils.common.record import read_as
+
+def script():
+    """``scripts/11_performance.py`` as a module: the records it declares (``scripts.load`` imports it once)."""
+    return scripts.load("11_performance")
+
+
+# ---------------------------------------------------------------- 1 · accumulation
+
+def loss_table(records: list[dict]) -> dict[str, list[float]]:
+    """Rank 0's loss per optimizer step for each micro-batch × accumulation setting, "8 × 1" → losses."""
+    return {f"{t.micro} × {t.gas}": t.loss for t in read_as(records, script().Trajectory)}
+
+
+def max_abs_loss_diff(losses: dict[str, list[float]]) -> float:
+    """The largest difference between any setting's loss and the first setting's, over every step."""
+    first, *others = losses.values()
+    return max(abs(a - b) for other in others for a, b in zip(first, other))
+
+
+# ---------------------------------------------------------------- 2 · activations
+
+def activation_rows(records: list[dict], hidden: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """Rank 0's activation measurements (MiB), without the point ``hidden`` (exercise 2's)."""
+    rows = []
+    for a in read_as(records, script().Activation):
+        if hidden and (a.seq_len, a.batch) == tuple(hidden):
+            continue
+        rows.append({"checkpointing": a.checkpointing, "seq_len": a.seq_len, "batch": a.batch,
+                     "tokens": a.seq_len * a.batch, "activations after forward (MiB)": a.after_forward / 2 ** 20,
+                     "peak of the pass (MiB)": a.peak_total / 2 ** 20})
+    return rows
+
+
+def measured_activation(records: list[dict], checkpointing: str, seq_len: int, batch: int) -> int:
+    """Activation bytes after the forward pass that rank 0 measured for one setting."""
+    return next(a.after_forward for a in read_as(records, script().Activation)
+                if (a.checkpointing, a.seq_len, a.batch) == (checkpointing, seq_len, batch))
+
+
+def recompute_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """Rank 0's interleaved passes per checkpointing setting: min / median / max of the whole pass, median
+    forward and backward (ms), and the median page faults of a pass."""
+    recompute = read_as(records, script().Recompute)[0]
+    rows = []
+    for how, p in recompute.passes.items():
+        total = [1e3 * (f + b) for f, b in zip(p["forward"], p["backward"])]
+        rows.append({"checkpointing": how, "passes": len(total), "min ms": min(total),
+                     "median ms": statistics.median(total), "max ms": max(total),
+                     "forward ms (median)": 1e3 * statistics.median(p["forward"]),
+                     "backward ms (median)": 1e3 * statistics.median(p["backward"]),
+                     "page faults per pass (median)": statistics.median(p["minor_faults"])})
+    return rows
+
+
+def plot_activations(rows: list[dict], model_states_bytes: int, world_size: int):
+    """Activation memory against tokens per micro-batch, without and with checkpointing, beside the model states
+    a rank holds (the profiled ZeRO-1 engine)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for how, style in (("off", "o-"), ("hf", "s-"), ("deepspeed", "x")):
+        pts = sorted((r["tokens"], r["activations after forward (MiB)"]) for r in rows if r["checkpointing"] == how)
+        if pts:
+            label = {"off": "no checkpointing", "hf": "activation_checkpointing_enable()",
+                     "deepspeed": "deepspeed.checkpointing"}[how]
+            ax.plot(*zip(*pts), style, label=label)
+    ax.axhline(model_states_bytes / 2 ** 20, color="gray", ls="--",
+               label=f"model states per rank (ZeRO-1, {world_size} ranks)")
+    ax.set_xlabel("tokens per micro-batch (batch × sequence length)")
+    ax.set_ylabel("MiB per rank")
+    ax.set_title("activations grow with tokens; model states do not")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- 3 · flops and MFU
+
+def gpt2_matmul_flops(n_layer: int, d: int, vocab: int, batch: int, seq: int) -> int:
+    """Forward FLOPs of GPT-2's matrix multiplications for one micro-batch: per token and layer 24·d² (the
+    qkv, projection and two MLP matmuls: 2 FLOPs per multiply-add) and 4·T·d for attention (QKᵀ and AV over
+    the whole sequence), plus 2·d·V for the LM head."""
+    tokens = batch * seq
+    return tokens * (n_layer * (24 * d * d + 4 * seq * d) + 2 * d * vocab)
+
+
+def step_seconds(records: list[dict]) -> float:
+    """Rank 0's median step time from the engine's timers (fwd + bwd + step), over the steps that
+    :func:`step_breakdown` takes (those after the profiled one)."""
+    return step_breakdown(records)["timers total"] / 1e3
+
+
+def mfu(fwd_flops: int, seconds: float, peak_flops_per_s: float, recompute: float = 0.0) -> dict[str, float]:
+    """Model FLOPs utilization: the FLOPs of a training step, (3 + recompute) × forward FLOPs (the backward pass
+    does about twice the forward's multiplications; ``recompute`` more forward passes with activation
+    checkpointing), over the step's time, over this rank's measured peak."""
+    per_step = (3 + recompute) * fwd_flops
+    achieved = per_step / seconds
+    return {"FLOPs per step": per_step, "achieved FLOP/s": achieved, "peak FLOP/s": peak_flops_per_s,
+            "MFU": achieved / peak_flops_per_s}
+
+
+_STEP_FACTOR = re.compile(r"FLOPS per GPU = ([\d.]+) \* fwd flops per GPU / iter latency")
+
+
+def deepspeed_step_factor(profile_text: str) -> float:
+    """How many forward passes' FLOPs DeepSpeed's flops profiler counts per training step, read from what it
+    wrote (profiler.py, with ``wall_clock_breakdown``: "FLOPS per GPU = <2 + recompute_fwd_factor + 1> * fwd
+    flops per GPU / iter latency")."""
+    found = _STEP_FACTOR.search(profile_text)
+    if found is None:
+        raise ValueError("the profile has no 'FLOPS per GPU = k * fwd flops per GPU / iter latency' line: "
+                         "it is printed only with \"wall_clock_breakdown\": true")
+    return float(found.group(1))
+
+
+# ---------------------------------------------------------------- 4 · where a step's time goes
+
+BREAKDOWN = ("fwd", "bwd_inner", "bwd_allreduce", "step")
+
+
+def breakdown_rows(records: list[dict]) -> list[dict[str, float]]:
+    """Rank 0's steps: the engine's wall-clock timers (ms) beside the clock around forward + backward + step."""
+    return [{"training step": s.step, **{k: s.timers.get(k, float("nan")) for k in BREAKDOWN},
+             "timers total": sum(s.timers.get(k, 0.0) for k in ("fwd", "bwd", "step")), "clock": s.wall_ms}
+            for s in read_as(records, script().StepTime)]
+
+
+def step_breakdown(records: list[dict]) -> dict[str, float]:
+    """Median ms per timer over the steps after the profiled one (the steps before it warm up; it carries the
+    profiler's hooks)."""
+    profiled = read_as(records, script().FlopsProfile)[0].profile_step
+    rows = [r for r in breakdown_rows(records) if r["training step"] > profiled]
+    return {k: statistics.median(r[k] for r in rows) for k in (*BREAKDOWN, "timers total", "clock")}
+
+
+def comm_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """What rank 0's comms logger logged in each step: op, message bytes, how many, and the latencies it logged
+    (read as they are; see :func:`course_utils.rank.comms.timed`)."""
+    return [{"step": s.step, "op": op, "bytes": size, "calls": len(ms), "logged ms": [round(x, 1) for x in ms]}
+            for s in read_as(records, script().StepTime) for op, entries in s.comm.items() for size, ms in entries]
+
+
+def fit_alpha_beta(records: list[dict]) -> tuple[float, float]:
+    """Fit seconds = α + β · bytes to rank 0's all_reduce timings (the measurement of notebook 01, repeated in
+    this launch): α the latency per call, β the seconds per byte. Least squares on relative errors (weights
+    1/seconds), so that the small messages, which decide α, count as much as the large ones."""
+    import numpy as np
+
+    from course_utils.rank.distributed import AllReduceTime
+
+    rows = read_as(records, AllReduceTime)
+    seconds = np.array([r.seconds for r in rows])
+    beta, alpha = np.polyfit([r.bytes for r in rows], seconds, 1, w=1 / seconds)
+    return float(alpha), float(beta)
+
+
+def all_reduce_rows(records: list[dict]) -> list[dict[str, float]]:
+    from course_utils.rank.distributed import AllReduceTime
+
+    return [{"bytes": r.bytes, "ms": 1e3 * r.seconds} for r in read_as(records, AllReduceTime)]
+
+
+# ---------------------------------------------------------------- 5 · the monitor
+
+def read_monitor(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every CSV file DeepSpeed's csv_monitor wrote under ``folder``: name → [(samples, value)]."""
+    out = {}
+    for path in sorted(Path(folder).rglob("*.csv")):
+        with open(path) as f:
+            rows = list(csv.reader(f))[1:]
+        out[path.stem] = [(int(float(step)), float(value)) for step, value in rows]
+    return out
+
+
+def plot_monitor(series: dict[str, list[tuple[int, float]]], names: list[str]):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3))
+    for ax, name in zip(axes if len(names) > 1 else [axes], names):
+        ax.plot(*zip(*series[name]), "o-")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("samples")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- 6 · a hang
+
+_OWN_OP = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+,? ?OpType=(\w+)")
+
+
+def mismatch_reports(rank_logs: dict[int, str]) -> dict[int, str]:
+    """What each rank said it was running when ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` found the ranks' collectives
+    differ: rank → op type (from the "Detected mismatch between collectives" error in its log)."""
+    out = {}
+    for text in rank_logs.values():
+        for line in text.splitlines():
+            if "Detected mismatch between collectives" in line and (m := _OWN_OP.search(line)):
+                out[int(m.group(1))] = m.group(2)
+    return out
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def where_waiting(stacks: dict[int, str]) -> dict[int, dict[str, str]]:
+    """Per rank, from its faulthandler dump: the innermost frame (where it waits) and the innermost frame in a
+    course script (the line of the training code that got it there)."""
+    from course_utils.kernel.launch.stacks import main_thread_stack
+
+    out = {}
+    for rank, text in sorted(stacks.items()):
+        frames = _FRAME.findall(main_thread_stack(text, frames=64))
+        if not frames:
+            continue
+        script_frame = next((f for f in frames if f[0].startswith("scripts/")), frames[-1])
+        out[rank] = {"waiting in": frames[0][2], "script line": f"{script_frame[0]}:{script_frame[1]} "
+                                                                f"({script_frame[2]})"}
+    return out

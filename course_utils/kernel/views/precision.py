@@ -1,0 +1,169 @@
+"""Notebook 06's demonstrations, tables and figure: what this machine supports, the fp16 overflow
+pitfall, the bytes each precision's gradient all-reduce moved, the loss-scale traces the ranks recorded,
+and the engine's learning rate on skipped steps."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from course_utils.kernel import scripts
+from course_utils.rank.engine import dtype_name
+from course_utils.rank.data import random_batch
+from course_utils.rank.models import tiny_mlp
+from course_utils.common.record import read_as
+
+FP16_MAX = torch.finfo(torch.float16).max       # 65504: anything larger becomes inf in fp16
+BF16_MAX = torch.finfo(torch.bfloat16).max      # ~3.4e38: the same exponent range as fp32
+
+
+def read_traces(records: list[dict]) -> dict[str, Any]:
+    """Rank 0's loss-scaling runs, label → ``Trace`` (declared in scripts/06_mixed_precision.py)."""
+    return {t.label: t for t in read_as(records, scripts.load("06_mixed_precision").Trace)}
+
+
+def overflow_table(scale: float = 1000.0, seed: int = 0) -> list[dict[str, Any]]:
+    """The NaN pitfall: one forward pass of the same weights in fp32, bf16 and fp16.
+
+    The first layer's weights are multiplied by ``scale`` so that the logits reach ~1e5, as happens
+    in models pre-trained in bf16 (bf16 has fp32's range, so nothing there kept them small). fp16 tops
+    out at 65504: those activations become inf, and inf − inf in the softmax makes the loss NaN.
+    """
+    model = tiny_mlp(seed)
+    with torch.no_grad():
+        model[0].weight.mul_(scale)
+        model[2].weight.mul_(scale)
+    x, y = random_batch(0, 0)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        m = tiny_mlp(seed).to(dtype)
+        m.load_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()})
+        with torch.no_grad():
+            hidden = m[1](m[0](x.to(dtype)))
+            logits = m[2](hidden)
+            loss = torch.nn.functional.cross_entropy(logits, y)   # computed in the low precision itself
+        rows.append({"dtype": dtype_name(dtype), "max |activation|": float(hidden.float().abs().max()),
+                     "max |logit|": float(logits.float().abs().max()), "loss": float(loss.float()),
+                     "finite": bool(torch.isfinite(loss).item())})
+    return rows
+
+
+def precision_support() -> dict[str, Any]:
+    """What this machine supports, detected: fp16/bf16 in DeepSpeed's accelerator, native fp16 on the CPU, TF32."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    gpu = torch.cuda.is_available()
+    capability = torch.cuda.get_device_capability() if gpu else None
+    return {
+        "accelerator": acc.device_name(),
+        "bf16 (DeepSpeed accelerator)": bool(acc.is_bf16_supported()),
+        "fp16 (DeepSpeed accelerator)": bool(acc.is_fp16_supported()),
+        "cpu native fp16 (mkldnn)": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
+        "tf32 (Ampere+ GPU)": bool(capability and capability[0] >= 8),
+    }
+
+
+def communication_table(rows: list[Any]) -> list[dict[str, Any]]:
+    """Per precision (``EngineDtypes`` of scripts/06_mixed_precision.py), what DeepSpeed's comms logger saw in
+    one training step: the gradient all_reduce bytes over Ψ (the bytes one gradient element took on the wire),
+    the small all_reduce messages beside it, and the all_gather of this rank's updated partition."""
+    min_bytes = scripts.load("06_mixed_precision").GRAD_MESSAGE_MIN_BYTES
+    table = []
+    for r in rows:
+        small = {size: n for size, n in r.messages.get("all_reduce", {}).items() if int(size) < min_bytes}
+        gathers = r.messages.get("all_gather_into_tensor", {})
+        table.append({"precision": r.precision, "module": r.module, "Ψ": r.psi,
+                      "engine.communication_data_type": r.communication,
+                      "gradient all_reduce bytes": r.grad_allreduce_bytes,
+                      "bytes per element": r.grad_allreduce_bytes / r.psi,
+                      f"all_reduce < {min_bytes} B (bytes: count)": small,
+                      "all_gather bytes (this rank's shard)": sum(int(size) * n for size, n in gathers.items())})
+    return table
+
+
+def lr_table(run: Any) -> list[dict[str, Any]]:
+    """The engine's scheduler run (``EngineLr`` of scripts/06_mixed_precision.py), one row per step."""
+    return [{"step": i, f"rank {run.inf_rank}'s loss × inf": i in run.inf_steps, "engine.optimizer.overflow": o,
+             "engine.skipped_steps": k, "scheduler iteration": it, "engine.get_lr()": lr}
+            for i, (o, k, it, lr) in enumerate(zip(run.overflow, run.skipped_steps, run.scheduler_iteration, run.lr))]
+
+
+def skipped_steps(overflows: list[bool]) -> list[int]:
+    """The step indices that overflowed (and were therefore skipped)."""
+    return [i for i, o in enumerate(overflows) if o]
+
+
+def doublings(trace: Any) -> list[tuple[int, int]]:
+    """(step, clean steps in a row before it) for each step of a ``Trace`` whose loss scale is larger than the
+    step before's: the scaler doubled the scale after that earlier step."""
+    found, last_overflow = [], -1
+    for i in range(1, len(trace.scale)):
+        if trace.overflow[i - 1]:
+            last_overflow = i - 1
+        if trace.scale[i] > trace.scale[i - 1]:
+            found.append((i, i - 1 - last_overflow))
+    return found
+
+
+def plot_scale_traces(traces: dict[str, Any], title: str = "loss scale per step"):
+    """Loss scale (log2) per step for each run (label → ``Trace`` of scripts/06_mixed_precision.py);
+    skipped steps marked with ×."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, t in traces.items():
+        line, = ax.step(range(len(t.scale)), [math.log2(s) for s in t.scale], where="post", label=label)
+        skipped = skipped_steps(t.overflow)
+        ax.plot(skipped, [math.log2(t.scale[i]) for i in skipped], "x", color=line.get_color())
+    ax.set(xlabel="step", ylabel="log2(loss scale)", title=title + " (× = overflow, step skipped)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_engine_lr(run: Any):
+    """The engine's learning rate after each step of the scheduler run (``EngineLr``); skipped steps marked ×."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(range(len(run.lr)), run.lr, "o-", ms=3, label="engine.get_lr() after the step")
+    skipped = skipped_steps(run.overflow)
+    ax.plot(skipped, [run.lr[i] for i in skipped], "x", color="red", ms=9, label="skipped step (overflow)")
+    ax.set(xlabel="step", ylabel="learning rate",
+           title=f"{run.precision} engine, WarmupLR: the LR waits on skipped steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# Exercise 2: a curve drawn by DeepSpeed's DynamicLossScaler from an fp16 section the notebook does not show
+TARGET_OVERFLOWS = [c == "o" for c in "fffffofffofofffffooofffffffofff"]
+_TARGET_FP16 = {"loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 4, "hysteresis": 3,
+                "consecutive_hysteresis": True, "min_loss_scale": 1}
+SCALER_KEYS = ("initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale")
+
+
+def scale_curve(fp16: dict, overflows: list[bool]) -> list[float]:
+    """The loss scale before each step of DeepSpeed's own ``DynamicLossScaler``, built from the ``fp16`` section
+    as the ZeRO optimizer builds it (``scaler_for`` in scripts/06_mixed_precision.py), given which steps overflowed.
+
+    ``update_scale`` asks ``deepspeed.comm`` for the rank only to decide which rank logs the overflow; this kernel
+    has no process group, so it is told rank 0 and its log lines are left out."""
+    from unittest import mock
+
+    from deepspeed.runtime.fp16 import loss_scaler
+
+    scaler = scripts.load("06_mixed_precision").scaler_for({**fp16, "loss_scale": 0})
+    scales = []
+    with mock.patch.object(loss_scaler.dist, "get_rank", return_value=0), mock.patch.object(loss_scaler.logger, "info"):
+        for overflow in overflows:
+            scales.append(float(scaler.loss_scale))
+            scaler.update_scale(overflow)
+    return scales
+
+
+def target_scale_curve() -> tuple[list[bool], list[float]]:
+    """Exercise 2's target: the overflow flags and the scale curve DeepSpeed's scaler drew from them."""
+    return TARGET_OVERFLOWS, scale_curve(_TARGET_FP16, TARGET_OVERFLOWS)

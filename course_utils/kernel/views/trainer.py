@@ -1,0 +1,36 @@
+"""Notebook 08's tables: each "auto" value of a Trainer config as written, as DeepSpeed received it and
+the TrainingArguments field that filled it, and what else changed on the way; and the installed source lines of
+transformers or accelerate that say so (notebooks 07 and 08)."""
+from __future__ import annotations
+
+from typing import Any
+
+from course_utils.kernel.configs import auto_keys, leaf_paths
+from course_utils.rank.trainer import AutoFill
+from course_utils.kernel.views.source import show_source
+
+
+def get_path(config: dict, dotted: str) -> Any:
+    """``get_path(cfg, "optimizer.params.lr")``; None where a level is missing."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def resolution_table(written: dict, received: dict, filled: list[AutoFill]) -> list[dict[str, Any]]:
+    """One row per "auto" key: as written, as DeepSpeed received it, and the argument that filled it."""
+    source = {f.key: f.source for f in filled}
+    return [{"key": k, "written": get_path(written, k), "received by DeepSpeed": get_path(received, k),
+             "filled from": source.get(k, "(not filled)")} for k in auto_keys(written)]
+
+
+def other_changes(written: dict, received: dict) -> dict[str, tuple[Any, Any]]:
+    """Values that changed on the way to DeepSpeed although they were not "auto": ``key → (written, received)``."""
+    before, after = leaf_paths(written), leaf_paths(received)
+    return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+            if before.get(k) != "auto" and before.get(k) != after.get(k)}
+
+

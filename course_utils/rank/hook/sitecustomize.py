@@ -1,0 +1,260 @@
+"""Loaded by every process of a course launch (the runner puts this folder on PYTHONPATH).
+
+In a rank (the process DeepSpeed's launcher started, not its children) it records when and where the
+rank dies of an uncaught exception, so the runner can name the rank that failed first rather than a peer
+that only lost its connection to it afterwards; and it ends a rank whose script returned without the
+interpreter's teardown, which can abort in gloo (see :func:`_end_rank_without_teardown`).
+"""
+import atexit
+import json
+import os
+import sys
+import time
+import traceback
+
+from course_utils.common import run_folder
+
+# The rank itself: launched with RANK set, and the first process of the launch to load this hook with it
+# (a rank's own children, a DataLoader worker or a compile worker, inherit COURSE_RANK_PID and are not ranks).
+_IS_RANK = ("RANK" in os.environ and run_folder.ENV in os.environ
+            and os.environ.get("COURSE_RANK_PID", str(os.getpid())) == str(os.getpid()))
+if _IS_RANK:
+    os.environ["COURSE_RANK_PID"] = str(os.getpid())
+
+_previous_hook = sys.excepthook
+_state = {"failed": False, "exit_status": None}
+
+
+def _flush_standard_streams():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _record_failure(exc_type, exc, tb):
+    when = time.time()
+    _state["failed"] = True
+    _previous_hook(exc_type, exc, tb)      # the traceback first: once every rank has a record, the runner ends the launch
+    if not _IS_RANK:
+        return
+    _flush_standard_streams()
+    try:
+        rank = os.environ["RANK"]
+        path = run_folder.failure_file(run_folder.current(), rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"rank": rank, "time": when, "error": f"{exc_type.__name__}: {exc}",
+                       "traceback": "".join(traceback.format_exception(exc_type, exc, tb))}, f)
+        os.replace(tmp, path)     # complete when it appears
+    except OSError:
+        pass
+
+
+sys.excepthook = _record_failure
+
+
+def _end_rank_without_teardown():
+    """A rank whose script returned (or called ``sys.exit``) ends here, without the interpreter's teardown.
+
+    Registered first, this ``atexit`` handler runs after every other one. Tearing down what DeepSpeed and
+    torch.distributed still hold (engines, process groups) can abort in gloo's threads ("terminate called
+    without an active exception", exit -6) after the script's work is done, and fail a launch that succeeded;
+    the course's own scripts avoid it with ``scaffolding.finish()``, a learner's script need not know. So:
+    flush every open file (teardown would have), then end the rank as ``scaffolding.finish()`` does
+    (:func:`course_utils.common.run_folder.end_rank`), with the script's status. A rank that died of an exception takes
+    the normal path.
+    """
+    if _state["failed"]:
+        return
+    status = _state["exit_status"]
+    code = 0 if status is None else status if isinstance(status, int) else 1
+    import gc
+    import io
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    run_folder.end_rank(code)
+
+
+def _exit_remembering_status(status=None, _exit=sys.exit):
+    import threading
+    if threading.current_thread() is threading.main_thread():     # sys.exit in a thread ends only the thread
+        _state["exit_status"] = status
+    _exit(status)
+
+
+def _register_stack_dump():
+    """Let the runner ask this rank where it is: on SIGUSR1, Python's ``faulthandler`` writes every thread's
+    stack to ``stacks/rank<N>-<pid>.txt`` in the run folder (no privileges needed, unlike attaching a debugger).
+    The runner sends it when a launch times out, before it kills the ranks, so a hang names the line each rank
+    was waiting on (``launch.stacks.rank_stacks``)."""
+    import faulthandler
+    import signal
+    try:
+        name = str(run_folder.stacks_file(run_folder.current(), os.environ["RANK"], os.getpid()))
+        os.makedirs(os.path.dirname(name), exist_ok=True)
+        stream = open(name + ".tmp", "w")
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+        os.replace(name + ".tmp", name)        # the runner signals only ranks whose file exists: registered by then
+        _state["stack_file"] = stream          # faulthandler writes to its descriptor: keep it open
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if _IS_RANK:
+    sys.exit = _exit_remembering_status
+    atexit.register(_end_rank_without_teardown)
+    _register_stack_dump()
+
+
+def _remember_cpu_info():
+    """Ask py-cpuinfo once per machine instead of twice per op load in every rank.
+
+    DeepSpeed's op builders call ``cpuinfo.get_cpu_info()`` twice each time a rank JIT-loads an op
+    (``cpu_arch`` and ``simd_width``, deepspeed/ops/op_builder/builder.py), and every call starts a
+    Python subprocess that busy-waits about a second to measure the clock: ~2.4 s of CPU per rank for
+    each engine with CPU Adam. The answer is the same every time on one machine, so it is kept next to
+    the ops built for this machine (``$TORCH_EXTENSIONS_DIR``) and returned unchanged.
+    """
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    import platform
+    ask = cpuinfo.get_cpu_info
+    folder = os.environ.get("TORCH_EXTENSIONS_DIR")
+    path = os.path.join(folder, f"cpuinfo-{platform.node()}-{platform.machine()}.json") if folder else None
+    memo = {}
+
+    def get_cpu_info():
+        if "info" not in memo:
+            try:
+                with open(path) as f:
+                    memo["info"] = json.load(f)
+            except (TypeError, OSError, ValueError):
+                memo["info"] = ask()
+                if path:
+                    try:
+                        os.makedirs(folder, exist_ok=True)
+                        tmp = f"{path}.{os.getpid()}"
+                        with open(tmp, "w") as f:
+                            json.dump(memo["info"], f)
+                        os.replace(tmp, path)
+                    except OSError:
+                        pass
+        return dict(memo["info"])
+
+    cpuinfo.get_cpu_info = get_cpu_info
+
+
+_remember_cpu_info()
+
+
+_PATCHES = {}   # module name -> function applied to the module right after it is first imported
+
+
+class _PatchAfterImport:
+    """Meta-path finder that runs ``_PATCHES[name](module)`` once ``name`` has been imported (its own loader
+    executes it first), for the few library modules the rank hook adjusts."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _PATCHES:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute, patch = spec.loader.exec_module, _PATCHES[name]
+
+        def exec_module(module):
+            execute(module)
+            patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+def _compile_muon_kernels_when_first_called():
+    """Let DeepSpeed wrap its Muon kernels in ``torch.compile`` when they first run, not when a ZeRO engine starts.
+
+    Every ZeRO engine checks its optimizer with ``is_zero_supported_optimizer``
+    (deepspeed/runtime/zero/utils.py), which imports ``deepspeed.runtime.zero.muon.original_muon`` to add
+    Muon to the supported list. That module decorates three kernels with ``@compiler.compile()``, i.e.
+    ``torch.compile(fn)``, and creating those wrappers imports TorchDynamo and Inductor: about 3 s of CPU in
+    every rank of every ZeRO launch, for an optimizer the course never uses. ``torch.compile`` compiles a
+    function on its first call anyway, so applying it on the first call instead of at import changes nothing
+    but when the wrapper is made. ``deepspeed.runtime.compiler.compile`` is patched the moment DeepSpeed
+    imports that module (the three Muon kernels are its only users in deepspeed 0.19.8).
+    """
+    import functools
+
+    def patch(module):
+        make_decorator = module.compile
+
+        def compile():
+            decorator = make_decorator()
+
+            def lazily(fn):
+                compiled = []
+
+                @functools.wraps(fn)
+                def call(*args, **kwargs):
+                    if not compiled:
+                        compiled.append(decorator(fn))
+                    return compiled[0](*args, **kwargs)
+                return call
+            return lazily
+        module.compile = compile
+
+    _PATCHES["deepspeed.runtime.compiler"] = patch
+
+
+def _trainer_joins_the_cpu_ranks():
+    """On CPU-only ranks, ``TrainingArguments(deepspeed=...)`` joins the launch's process group as on GPUs.
+
+    On GPUs the Trainer's arguments build accelerate's DeepSpeed state by themselves. On CPU-only ranks
+    accelerate looks for an accelerator, finds none, and every rank counts itself alone: the Trainer computes
+    ``train_batch_size`` for one rank and DeepSpeed, which sees them all, rejects it. A learner's own Trainer
+    script would need two extra lines here that it does not need on GPUs, so in a rank of a CPU launch with
+    several ranks the hook adds them: before ``TrainingArguments.__post_init__`` with a ``deepspeed`` config
+    it builds accelerate's ``PartialState`` for DeepSpeed over gloo and sets
+    ``accelerator_config["use_configured_state"]`` (``course_utils.rank.trainer.prepare_cpu_state``, what the
+    course's own scripts call through ``training_arguments``), and rank 0 says so once in its log.
+    ``COURSE_HOOK_TRAINER=0`` in the launch's environment leaves the Trainer as it is (notebook 08 shows why).
+    """
+    if not (_IS_RANK and os.environ.get("DS_ACCELERATOR") == "cpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and os.environ.get("COURSE_HOOK_TRAINER", "1") != "0"):
+        return
+
+    def patch(module):
+        cls = module.TrainingArguments
+        post_init = cls.__post_init__
+
+        def __post_init__(self):
+            if self.deepspeed:
+                from course_utils.rank.trainer import prepare_cpu_state, with_configured_state
+                prepare_cpu_state()
+                self.accelerator_config = with_configured_state(self.accelerator_config)
+                if os.environ.get("RANK") == "0" and not _state.get("told_trainer"):
+                    _state["told_trainer"] = True
+                    print("[course rank hook] TrainingArguments(deepspeed=...) on CPU-only ranks: accelerate's DeepSpeed "
+                          "state prepared over gloo first (GPUs need nothing; elsewhere see notebook 08, section 1)",
+                          file=sys.stderr, flush=True)
+            post_init(self)
+        cls.__post_init__ = __post_init__
+
+    _PATCHES["transformers.training_args"] = patch
+
+
+_compile_muon_kernels_when_first_called()
+_trainer_joins_the_cpu_ranks()
+sys.meta_path.insert(0, _PatchAfterImport())
