@@ -37,7 +37,7 @@ preflight:
 # Each step prints one line (n of N, about how long) and its time; its output goes to build/setup.log.
 STEP = $(PY) -m course_utils.kernel.progress step
 
-$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
+$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_utils/kernel/opbuild.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(STEP) packages -- sh -c '$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -r requirements.txt \
 	  && $(PY) -m pip install -q --no-deps -e .'
@@ -45,13 +45,13 @@ $(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py .ci/install
 	@$(STEP) libaio -- bash .ci/install-libaio
 	@$(STEP) multinode -- bash .ci/install-multinode
 	@$(STEP) slurm -- bash .ci/install-slurm
-	@$(STEP) ops --show -- $(PY) -m course_utils.kernel.ops --build --first
+	@$(STEP) ops --show -- $(PY) -m course_utils.kernel.opbuild --build --first
 	@touch $(STAMP)
 
 # Every DeepSpeed op the course uses (set-up builds only the first notebooks'; `make course` and `make lab` build
 # the rest in the background, and a launch waits for an op it loads).
 ops: setup
-	@$(PY) -m course_utils.kernel.ops --build
+	@$(PY) -m course_utils.kernel.opbuild --build
 
 course: setup
 	$(PY) -m course_utils.tooling.course run
@@ -63,7 +63,7 @@ test-gpu: ops
 	$(PY) -m pytest -m gpu -p no:xdist
 
 lab: setup
-	$(PY) -m course_utils.kernel.ops --background $(VENV)/bin/jupyter lab notebooks/ --KernelManager.transport_encryption=auto
+	$(PY) -m course_utils.kernel.opbuild --background $(VENV)/bin/jupyter lab notebooks/ --KernelManager.transport_encryption=auto
 
 student: setup
 	$(PY) -m course_utils.tooling.student

@@ -1,7 +1,7 @@
 """The manifest (notebooks/manifest.toml) lists every notebook; the tables made from it match it."""
 import pytest
 
-from course_utils.tooling import course, manifest
+from course_utils.tooling import course, manifest, tables
 from course_utils.common import paths
 
 
@@ -27,7 +27,7 @@ def test_a_notebook_without_an_entry_is_named(tmp_path):
 
 
 def test_the_readme_and_instructors_tables_are_made_from_it():
-    assert manifest.tables_drift() == [], "run `python -m course_utils.tooling.manifest --write`"
+    assert tables.tables_drift() == [], "run `python -m course_utils.tooling.tables --write`"
 
 
 def test_a_full_runs_times_go_into_the_manifest_with_its_comments_kept(tmp_path):

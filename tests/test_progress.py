@@ -97,7 +97,7 @@ def test_the_course_starts_a_notebook_whose_ops_are_built_before_one_that_waits(
 
 def test_stopping_the_background_build_ends_its_process_group_and_releases_its_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '60'])  # course_utils.kernel.ops"],
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '60'])  # course_utils.kernel.opbuild"],
                             start_new_session=True)    # a stand-in build: its command line names the module
     (tmp_path / "cpu_adam").mkdir()
     (tmp_path / "cpu_adam" / "lock").touch()
@@ -143,7 +143,7 @@ def test_a_background_build_whose_starter_is_killed_ends_with_its_compilers(tmp_
 
 
 def test_estimates_follow_the_pace_of_the_ops_already_built():
-    pace = ops.Pace()
+    pace = opbuild.Pace()
     assert pace.factor == 1.0
     pace.add(100, 250)
     assert pace.factor == 2.5

@@ -96,3 +96,10 @@ def read_as(records: list[dict], cls: type[R], rank: int | None = 0) -> list[R]:
             values = r["value"] if isinstance(r["value"], list) else [r["value"]]
             out += [cls(**v) for v in values]
     return out
+
+
+def as_records(values: Any, cls: type[R]) -> list[R]:
+    """Declared records as a notebook recorded them among its figures (``nb.record(ladder=rungs)`` writes each
+    as its fields) back as ``cls`` instances: a list gives one instance per element, one mapping a list of one.
+    The tests read a notebook's figures with it, so the keys stay spelled in the declaration only."""
+    return [cls(**v) for v in (values if isinstance(values, list) else [values])]

@@ -2,7 +2,7 @@
 
 ``make course`` and ``make lab`` start sooner by building at set-up only what the first notebooks load
 (:func:`course_utils.kernel.ops.first_ops`); the others build here, one after another, in a process of their own
-(``python -m course_utils.kernel.ops --build --state <file>``) whose output goes to ``build/ops-build.log``. Its
+(``python -m course_utils.kernel.opbuild --build --state <file>``) whose output goes to ``build/ops-build.log``. Its
 state file, beside the ops in ``TORCH_EXTENSIONS_DIR``, says which op it builds and since when; a launch that
 loads an op still to come waits for it (:func:`wait_for_launch`, one line: which op, about how long). Two
 processes never build one op at once: torch's JIT loader holds ``<op>/lock`` while it compiles
@@ -12,7 +12,9 @@ Whoever starts the background build stops it (:func:`stop`) before it exits, so 
 """
 from __future__ import annotations
 
+import argparse
 import json
+import resource
 import os
 import signal
 import subprocess
@@ -24,7 +26,7 @@ from typing import Callable
 
 from course_utils.kernel import ops as _ops
 from course_utils.common import paths, reaper
-from course_utils.kernel.progress import minutes, say
+from course_utils.kernel.progress import minutes, say, timed
 
 STATE = "course-background-build.json"
 LOG = "ops-build.log"
@@ -37,7 +39,7 @@ def state_file() -> Path:
 def write_state(path: Path, todo: list[_ops.Op], done: dict[str, str], building: str | None,
                 pid: int | None = None, factor: float = 1.0) -> None:
     """The builder's progress, for the waiting side: its pid, the ops to build, which now and since when, and how
-    much slower than the table's estimates the ops built so far took (:class:`course_utils.kernel.ops.Pace`)."""
+    much slower than the table's estimates the ops built so far took (:class:`Pace`)."""
     state = {"pid": pid or os.getpid(), "ops": [op.name for op in todo], "done": done, "building": building,
              "since": time.time(), "factor": factor}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,7 @@ def _alive(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True
-    return not cmdline or b"course_utils.kernel.ops" in cmdline
+    return not cmdline or b"course_utils.kernel.opbuild" in cmdline
 
 
 def raw_state(path: Path | None = None) -> dict | None:
@@ -137,7 +139,7 @@ def start() -> subprocess.Popen | None:
     log = paths.build_dir() / LOG
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "course_utils.kernel.ops", "--build", "--state", str(state_file())],
+        proc = subprocess.Popen([sys.executable, "-m", "course_utils.kernel.opbuild", "--build", "--state", str(state_file())],
                                 cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     write_state(state_file(), todo, {}, todo[0].name, proc.pid, _ops.BESIDE_NOTEBOOKS)   # waiters see it from now
@@ -217,3 +219,76 @@ def run_beside(command: list[str]) -> int:
     finally:
         if stop(proc):
             say("The background op build stopped before it finished; the next `make course` or `make lab` goes on with it.")
+
+
+class Pace:
+    """How much slower than the table this machine builds (its load, its cores): the ops built so far in this run,
+    their time over their estimate (``start`` before the first). The later ops' estimates are scaled by it."""
+
+    def __init__(self, start: float = 1.0) -> None:
+        self.start, self.estimated, self.took = start, 0.0, 0.0
+
+    @property
+    def factor(self) -> float:
+        return max(1.0, self.took / self.estimated) if self.estimated else self.start
+
+    def add(self, estimated: float, took: float) -> None:
+        self.estimated, self.took = self.estimated + estimated, self.took + took
+
+
+def _compiler_seconds() -> float:
+    """CPU seconds of this process's finished children (the compilers): an op's cost apart from the machine's load."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def build(ops: list[_ops.Op], state: Path | None = None) -> int:
+    """Build ``ops`` one after another in this process, saying which, for what, and about how long is left.
+
+    With ``state`` (the background build) each op's progress also goes to that file for the runner to read. A
+    SIGTERM ends the build cleanly: torch's build lock is released, so the next build can take it."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if state is not None:
+        end_with_parent()
+    every, done = _ops.course_ops(), {}
+    failed, slower = 0, Pace(_ops.BESIDE_NOTEBOOKS if state is not None else 1.0)
+    for op in ops:
+        n = every.index(op) + 1 if op in every else 0
+        left = slower.factor * sum(o.seconds for o in ops if o.name not in done)
+        if state is not None:
+            write_state(state, ops, done, building=op.name, factor=slower.factor)
+        started, cpu = time.monotonic(), _compiler_seconds()
+        with timed(f"op {n} of {len(every)}, {op.name} — needed by {op.needed_by}",
+                            slower.factor * op.seconds, left):
+            outcome = _ops.build_one(op)
+        done[op.name] = outcome
+        failed += outcome == "failed"
+        took = time.monotonic() - started
+        if outcome == "built":
+            slower.add(op.seconds, took)
+        say(f"  {op.name}: {outcome}" + (f" in {took:.0f} s (compilers: {_compiler_seconds() - cpu:.0f} s "
+                                                   f"of CPU)" if outcome == "built" else
+                                                   " (cannot build here: see `ds_report`)" if outcome == "skipped" else ""))
+    if state is not None:
+        write_state(state, ops, done, building=None)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--build", action="store_true", help="build every op still missing, here and now")
+    parser.add_argument("--first", action="store_true", help="with --build: only the ops the first notebooks load")
+    parser.add_argument("--background", nargs=argparse.REMAINDER,
+                        help="run this command (e.g. jupyter lab) while the missing ops build in the background")
+    parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)   # the background build's own process
+    a = parser.parse_args(argv)
+    if a.background is not None:
+        return run_beside(a.background)
+    if a.build:
+        todo = _ops.missing(_ops.first_ops() if a.first else None)
+        return build(todo, a.state) if todo else 0
+    return _ops.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

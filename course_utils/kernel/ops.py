@@ -2,19 +2,15 @@
 
 Set-up builds only the ops that the first notebooks load (on a CPU machine the shared-memory all-reduce every
 launch loads); ``make course`` and ``make lab`` build the rest in the background (:mod:`course_utils.kernel.opbuild`),
-and a launch that loads one waits for it. ``python -m course_utils.kernel.ops --build`` builds every op still missing
+and a launch that loads one waits for it. ``python -m course_utils.kernel.opbuild --build`` builds every op still missing
 (``--first``: only the first notebooks'); ``status()`` says which can build here, the question ``ds_report``
-answers.
+answers (``python -m course_utils.kernel.ops`` prints it).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
-import resource
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,61 +118,6 @@ def build_one(op: Op) -> str:
     return "built"
 
 
-class Pace:
-    """How much slower than the table this machine builds (its load, its cores): the ops built so far in this run,
-    their time over their estimate (``start`` before the first). The later ops' estimates are scaled by it."""
-
-    def __init__(self, start: float = 1.0) -> None:
-        self.start, self.estimated, self.took = start, 0.0, 0.0
-
-    @property
-    def factor(self) -> float:
-        return max(1.0, self.took / self.estimated) if self.estimated else self.start
-
-    def add(self, estimated: float, took: float) -> None:
-        self.estimated, self.took = self.estimated + estimated, self.took + took
-
-
-def _compiler_seconds() -> float:
-    """CPU seconds of this process's finished children (the compilers): an op's cost apart from the machine's load."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def build(ops: list[Op], state: Path | None = None) -> int:
-    """Build ``ops`` one after another in this process, saying which, for what, and about how long is left.
-
-    With ``state`` (the background build) each op's progress also goes to that file for the runner to read. A
-    SIGTERM ends the build cleanly: torch's build lock is released, so the next build can take it."""
-    from course_utils.kernel import opbuild, progress
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if state is not None:
-        opbuild.end_with_parent()
-    every, done = course_ops(), {}
-    failed, slower = 0, Pace(BESIDE_NOTEBOOKS if state is not None else 1.0)
-    for op in ops:
-        n = every.index(op) + 1 if op in every else 0
-        left = slower.factor * sum(o.seconds for o in ops if o.name not in done)
-        if state is not None:
-            opbuild.write_state(state, ops, done, building=op.name, factor=slower.factor)
-        started, cpu = time.monotonic(), _compiler_seconds()
-        with progress.timed(f"op {n} of {len(every)}, {op.name} — needed by {op.needed_by}",
-                            slower.factor * op.seconds, left):
-            outcome = build_one(op)
-        done[op.name] = outcome
-        failed += outcome == "failed"
-        took = time.monotonic() - started
-        if outcome == "built":
-            slower.add(op.seconds, took)
-        progress.say(f"  {op.name}: {outcome}" + (f" in {took:.0f} s (compilers: {_compiler_seconds() - cpu:.0f} s "
-                                                   f"of CPU)" if outcome == "built" else
-                                                   " (cannot build here: see `ds_report`)" if outcome == "skipped" else ""))
-    if state is not None:
-        opbuild.write_state(state, ops, done, building=None)
-    return 1 if failed else 0
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _OP_LINE = re.compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]")
 
@@ -196,20 +137,7 @@ def ds_report_table(report_text: str) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--build", action="store_true", help="build every op still missing, here and now")
-    parser.add_argument("--first", action="store_true", help="with --build: only the ops the first notebooks load")
-    parser.add_argument("--background", nargs=argparse.REMAINDER,
-                        help="run this command (e.g. jupyter lab) while the missing ops build in the background")
-    parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)   # the background build's own process
-    a = parser.parse_args(argv)
-    if a.background is not None:
-        from course_utils.kernel import opbuild
-        return opbuild.run_beside(a.background)
-    if a.build:
-        todo = missing(first_ops() if a.first else None)
-        return build(todo, a.state) if todo else 0
+def main() -> int:
     for op, ok in status().items():
         print(f"{op:24s} {'can build' if ok else 'cannot build here'}")
     return 0

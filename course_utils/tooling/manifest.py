@@ -21,7 +21,7 @@ README = paths.ROOT / "README.md"
 REQUIRED = {"title": str, "what_you_do": str, "ranks": int, "smoke_seconds": int, "full_seconds": int,
             "full_beside": bool}
 OPTIONAL = {"services": list, "runs_alone": str, "student_parameters": dict}
-README_BEGIN = "<!-- notebook table: written by `python -m course_utils.tooling.manifest --write` from notebooks/manifest.toml -->"
+README_BEGIN = "<!-- notebook table: written by `python -m course_utils.tooling.tables --write` from notebooks/manifest.toml -->"
 README_END = "<!-- end of notebook table -->"
 
 
@@ -107,44 +107,12 @@ def between(text: str, begin: str, end: str, table: str, where: str) -> str:
     return f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}"
 
 
-def tables_drift() -> list[str]:
-    """Which generated tables differ from what the manifest makes (empty: all match)."""
-    from course_utils.tooling import instructors
-
-    out = []
-    if between(README.read_text(), README_BEGIN, README_END, readme_table(), "README.md") != README.read_text():
-        out.append("README.md's notebook table")
-    guide = instructors.GUIDE.read_text()
-    if instructors.with_table(guide, instructors.render(full_rows())) != guide:
-        out.append("INSTRUCTORS.md's timing table")
-    return out
-
-
-def write_tables() -> list[str]:
-    """Rewrite the README's and INSTRUCTORS.md's tables from the manifest; which ones changed."""
-    from course_utils.tooling import instructors
-
-    changed = tables_drift()
-    README.write_text(between(README.read_text(), README_BEGIN, README_END, readme_table(), "README.md"))
-    instructors.GUIDE.write_text(instructors.with_table(instructors.GUIDE.read_text(), instructors.render(full_rows())))
-    return changed
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite the README's and INSTRUCTORS.md's tables")
-    a = parser.parse_args(argv)
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)
     wrong = problems()
     for line in wrong:
         print(f"manifest: {line}")
-    if a.write and not wrong:
-        changed = write_tables()
-        print("rewritten: " + (", ".join(changed) if changed else "nothing (both tables were up to date)"))
-        return 0
-    drift = tables_drift()
-    for what in drift:
-        print(f"{what} differs from the manifest: `python -m course_utils.tooling.manifest --write` rewrites it")
-    return 1 if wrong or drift else 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
