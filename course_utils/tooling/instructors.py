@@ -17,6 +17,7 @@ from pathlib import Path
 import nbformat
 
 from course_utils.common import paths
+from course_utils.tooling import manifest as _manifest
 from course_utils.tooling.manifest import between
 
 GUIDE = paths.ROOT / "INSTRUCTORS.md"
@@ -51,12 +52,17 @@ def slot_minutes(seconds: int, exercises: int) -> int:
     return 5 * math.ceil((READING_MINUTES + MINUTES_PER_EXERCISE * exercises + seconds / 60) / 5)
 
 
-def timing_table(report: str, counts: dict[str, int] | None = None) -> str:
-    """The markdown table of INSTRUCTORS.md from a report (and the exercises per notebook)."""
+def rows_of(report: str) -> list[dict]:
+    """A report's notebook rows; a report without any is an error that says what to run."""
     rows = report_rows(report)
     if not rows:
         raise ValueError("no notebook rows in this report: run `make course` first")
-    return render(rows, counts)
+    return rows
+
+
+def timing_table(report: str, counts: dict[str, int] | None = None) -> str:
+    """The markdown table of INSTRUCTORS.md from a report (and the exercises per notebook)."""
+    return render(rows_of(report), counts)
 
 
 def render(rows: list[dict], counts: dict[str, int] | None = None) -> str:
@@ -88,8 +94,6 @@ TABLE = "instructors-timing.md"     # under build/: the table of the last full r
 def would_change(report: Path, guide: Path = GUIDE, manifest: Path | None = None) -> bool:
     """Whether `make instructors` would change the manifest's recorded times (of the notebooks that passed in
     ``report``) or the guide's table."""
-    from course_utils.tooling import manifest as _manifest
-
     recorded = {r["notebook"]: r for r in _manifest.full_rows(manifest or _manifest.MANIFEST)}
     differs = any(r["notebook"] not in recorded or recorded[r["notebook"]]["seconds"] != r["seconds"]
                   or bool(recorded[r["notebook"]]["beside"]) != bool(r["beside"])
@@ -106,12 +110,8 @@ def write_table(report: Path, guide: Path = GUIDE, manifest: Path | None = None)
 
 def update(report: Path | None = None, guide: Path = GUIDE, manifest: Path | None = None) -> bool:
     """Write ``report``'s times into the manifest and the guide's table from them; True when the guide changed."""
-    from course_utils.tooling import manifest as _manifest
-
     report = report or paths.build_dir() / "report.md"
-    rows = report_rows(report.read_text())
-    if not rows:
-        raise ValueError("no notebook rows in this report: run `make course` first")
+    rows = rows_of(report.read_text())
     _manifest.record_full_run([r for r in rows if r["ok"]], manifest or _manifest.MANIFEST)   # a failed run's time: no
     text = guide.read_text()
     new = with_table(text, render(_manifest.full_rows(manifest or _manifest.MANIFEST)))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from course_utils.common import paths
+from course_utils.common import paths, reaper
 from course_utils.kernel.launch.commands import free_port
 from course_utils.kernel.launch.processes import die_with_parent
 from course_utils.tooling.workshop import hub_config
@@ -240,26 +240,21 @@ def _user(name: str) -> pwd.struct_passwd | None:
 
 
 def stop(remove: bool = False, grace: float = 20.0) -> list[int]:
-    """End the hub (it stops the single-user servers and its proxy), then whatever of it or its users is left;
-    with ``remove`` the users and their homes go too. Returns the pids that had to be killed."""
+    """End the hub (SIGTERM: it stops the single-user servers and its proxy itself; SIGKILL after ``grace``
+    seconds), then kill whatever of it or its users is left; with ``remove`` the users and their homes go too.
+    Returns the pids that had to be killed."""
     record = _record() or {}
     hub = running()
-    tree = [hub, *hub.children(recursive=True)] if hub else []
+    tree = reaper.tree(hub.pid) if hub else []
     if hub:
-        hub.terminate()
-        psutil.wait_procs([hub], timeout=grace)
-    rest = {p.pid: p for p in [*tree, *leftovers(record.get("users", []))] if p.is_running()}
-    for p in rest.values():
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(list(rest.values()), timeout=5)
+        reaper.end(lambda: [hub.pid] if reaper.alive(hub.pid) else [], grace=grace)
+    rest = sorted(p for p in {*tree, *(q.pid for q in leftovers(record.get("users", [])))} if reaper.alive(p))
+    reaper.end(lambda: [p for p in rest if reaper.alive(p)], at_once=True)
     record_file().unlink(missing_ok=True)
     close_paths()
     if remove:
         remove_users(record.get("users", []))
-    return sorted(rest)
+    return rest
 
 
 def main(argv: list[str] | None = None) -> int:
