@@ -20,7 +20,7 @@ _MODULES = {
     "launch": "kernel.launch", "checks": "kernel.checks", "checkpoints": "kernel.checkpoints",
     "compare": "kernel.compare", "configs": "kernel.configs", "hardware": "kernel.hardware",
     "notebook": "kernel.notebook", "ops": "kernel.ops", "planning": "kernel.planning", "views": "kernel.views",
-    "scripts": "kernel.scripts", "paths": "common.paths", "rank": "rank",
+    "paths": "common.paths", "rank": "rank",
     "catchup": "tooling.catchup", "workshop": "tooling.workshop",
 }
 _FROM_NOTEBOOK = {"start", "Notebook"}

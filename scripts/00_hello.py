@@ -8,7 +8,6 @@ import argparse
 import os
 import socket
 import time
-from dataclasses import dataclass
 
 import deepspeed
 import torch
@@ -16,42 +15,12 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from course_utils.common import run_folder
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.hello import Prepared, RankInfo, RollCall
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 BUILD_SECONDS = 1.5          # how long "building the vocabulary" takes on rank 0
 VOCABULARY = "\n".join(["<pad>", "<unk>", "deep", "speed", "rank", "world", "gloo", "nccl"])
-
-
-@dataclass
-class RankInfo(Record, name="rank_info"):
-    """Who a rank is once it has joined the process group."""
-    rank: int
-    local_rank: int
-    world_size: int
-    pid: int
-    backend: str
-    device: str
-
-
-@dataclass
-class RollCall(Record, name="roll_call"):
-    """What one rank's ``roll_call()`` returned, next to the pid the rank itself has."""
-    rank: int
-    pid: int
-    answer: list
-
-
-@dataclass
-class Prepared(Record, name="prepared"):
-    """One rank's ``prepare_then_read()``: whether it read the whole file, how often it built it, how long it took,
-    and (clock time) when it returned and when its build, if any, was done."""
-    rank: int
-    read_right: bool
-    builds: int
-    seconds: float
-    returned_at: float
-    built_at: float | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:

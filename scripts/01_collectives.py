@@ -5,26 +5,16 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/01_collectives.py --sizes 1
 """
 import argparse
 import time
-from dataclasses import dataclass
 
 import deepspeed
 import psutil
 import torch.distributed as dist
 
-from course_utils.rank.distributed import (AllReduceTime, CollectiveRow, ZeroCollectives, backends_available,
-    choose_device, rank_identity, run_collectives, time_all_reduce, zero_step_collectives)
-from course_utils.common.record import Record, record
+from course_utils.common.records.collectives import AllReduceTime, CollectiveRow, TimingLoad, ZeroCollectives
+from course_utils.rank.distributed import (backends_available, choose_device, rank_identity, run_collectives,
+    time_all_reduce, zero_step_collectives)
+from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish, parse_args
-
-
-@dataclass
-class TimingLoad(Record, name="timing_load"):
-    """What the machine did while this rank timed all_reduce: were the cores its own?"""
-    rank: int
-    wall_s: float             # seconds the timing took (at least MIN_LOAD_WINDOW_S)
-    own_cpu_s: float          # CPU seconds this rank used meanwhile (all its threads)
-    machine_busy_s: float     # CPU seconds every process of the machine used meanwhile (psutil.cpu_times)
-    cores: int                # logical cores of the machine
 
 
 MIN_LOAD_WINDOW_S = 0.5      # a shorter timing is watched that long, idle, so that the machine's counters mean something

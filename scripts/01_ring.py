@@ -5,29 +5,16 @@ to record, step by step, which chunk each rank sent and what every chunk held (t
 Run from a terminal:  deepspeed --num_gpus 2 scripts/01_ring.py --ring_file build/exercises/ring.py
 """
 import argparse
-from dataclasses import dataclass
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
 from course_utils.rank.distributed import choose_device, rank_identity
-from course_utils.rank.ring import RingStep, count_sent_bytes, course_ring_all_reduce, ring_bytes_expected, trace_ring
-from course_utils.common.record import Record, record
+from course_utils.rank.ring import count_sent_bytes, course_ring_all_reduce, ring_bytes_expected, trace_ring
+from course_utils.common.record import record
+from course_utils.common.records.collectives import Ring, RingStep
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
-
-
-@dataclass
-class Ring(Record, name="ring"):
-    """One rank's ring all-reduce: right or not, and the traffic it sent against 2(N−1)/N·S."""
-    rank: int
-    matches: bool
-    max_abs_diff: float
-    bytes_sent: int
-    messages: int
-    tensor_bytes: int
-    expected_bytes: float
-    world_size: int
 
 
 def ring_result(rank: int, world: int, result, reference, sent: dict) -> Ring:

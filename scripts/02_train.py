@@ -11,7 +11,6 @@ Run from a terminal:
 import argparse
 import os
 import time
-from dataclasses import dataclass
 
 import deepspeed
 import torch
@@ -23,15 +22,9 @@ from course_utils.common import run_folder
 from course_utils.rank import data
 from course_utils.rank.distributed import gather_predictions
 from course_utils.rank.models import count_parameters, tiny_bert_classifier
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.training import TrainLoss
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, seed_everything
-
-
-@dataclass
-class TrainLoss(Record, name="train_loss"):
-    """The training loss at a step, averaged over the ranks."""
-    step: int
-    loss: float
 
 
 def learner_functions(files) -> dict:

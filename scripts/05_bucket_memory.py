@@ -18,7 +18,6 @@ Run from a terminal:
 """
 import argparse
 import json
-from dataclasses import dataclass
 
 import deepspeed
 import torch.distributed as dist
@@ -26,28 +25,12 @@ import torch.distributed as dist
 from course_utils.rank.engine import ds_config, forward_backward, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import tiny_gpt2
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.buckets import Bucket
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
 
 DEFAULT_CASES = [{"stage": 3, "dtype": "bf16", "reduce_bucket_size": 1e6},
                  {"stage": 2, "dtype": "bf16", "reduce_bucket_size": 1e6, "overlap_comm": True}]
-
-
-@dataclass
-class Bucket(Record, name="bucket"):
-    """The gradient buckets one rank's engine allocated for one case, at their largest."""
-    reduce_bucket_size: float
-    dtype: str
-    rank: int
-    buffer_bytes: int             # bytes of the buckets at their largest (stages 1-2: during backward)
-    model_states: dict            # model_state_bytes after backward: params, grads, optimizer, buffers, model_states
-    buffers: list                 # {"path", "numel", "nbytes"} of each bucket, where buffer_bytes was measured
-    stage: int = 3
-    overlap_comm: bool | None = None           # as the engine resolved them (None: not asked)
-    contiguous_gradients: bool | None = None
-    allgather_bucket_size: float | None = None
-    held_bytes: int | None = None              # bucket bytes still allocated after backward
-    case: dict | None = None                   # the case as the launch asked for it
 
 
 def bucket_bytes(inventory) -> int:

@@ -20,83 +20,24 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/06_mixed_precision.py --dee
 """
 import argparse
 import copy
-from dataclasses import dataclass, field
 
 import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
-from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.lr_schedules import WarmupLR
 from deepspeed.runtime.utils import has_inf_or_nan
 
 from course_utils.rank import comms
 from course_utils.rank.data import random_batch
-from course_utils.rank.engine import dtype_name, engine_dtypes
+from course_utils.rank.engine import dtype_name, engine_dtypes, scaler_for
 from course_utils.rank.models import count_parameters, tiny_mlp
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.precision import (GRAD_MESSAGE_MIN_BYTES, EngineDtypes, EngineError, EngineLr,
+    HysteresisDemo, Trace)
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
 PRECISIONS = ["fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16", "fp16"]
-# An all_reduce message of at least this many bytes is a gradient bucket; the smaller ones in a ZeRO-1/2 step
-# are the overflow flag (1 byte, has_overflow) and the squared gradient norm (one fp32 number, get_grad_norm_direct).
-GRAD_MESSAGE_MIN_BYTES = 256
-
-
-@dataclass
-class EngineError(Record, name="engine_error"):
-    """A precision that ``deepspeed.initialize`` refused on this machine."""
-    precision: str
-    error: str
-
-
-@dataclass
-class EngineDtypes(Record, name="engine_dtypes"):
-    """The dtypes one precision's engine holds (:func:`course_utils.rank.engine.engine_dtypes`) and what
-    its collectives moved in one training step (DeepSpeed's comms logger, :mod:`course_utils.rank.comms`)."""
-    precision: str
-    module: str | None
-    master: str | None
-    grad: str | None
-    forward: str                    # dtype of the model's output (the forward pass's compute dtype)
-    loss_scale: float
-    psi: int                        # parameters of the model (Ψ)
-    messages: dict                  # op → {message bytes → count} logged during that step
-    grad_allreduce_bytes: int       # sum of the step's all_reduce messages of ≥ GRAD_MESSAGE_MIN_BYTES
-    communication: str | None = None   # engine.communication_data_type, as the engine reports it
-
-
-@dataclass
-class Trace(Record, name="trace"):
-    """One loss-scaling run, step by step."""
-    label: str
-    scale: list = field(default_factory=list)       # the loss scale each step used
-    overflow: list = field(default_factory=list)    # whether the step overflowed (and was skipped)
-    lr: list = field(default_factory=list)          # the learning rate after the step
-    loss: list = field(default_factory=list)
-    dtypes: dict = field(default_factory=dict)      # module / master / grad dtypes at the end
-    engine_skipped_steps: int | None = None         # the fp16 engine's own count (GPU only)
-
-
-@dataclass
-class HysteresisDemo(Record, name="hysteresis_demo"):
-    """DeepSpeed's DynamicLossScaler fed one overflow pattern, with consecutive_hysteresis false and true."""
-    overflow: list
-    hysteresis: int
-    scale: dict = field(default_factory=dict)       # "false" / "true" → the scale before each step
-
-
-@dataclass
-class EngineLr(Record, name="engine_lr"):
-    """An engine with the config's WarmupLR whose gradients were made inf on chosen steps, read after each step."""
-    precision: str
-    inf_rank: int                                   # the rank whose loss was multiplied by inf
-    inf_steps: list
-    lr_start: float                                 # engine.get_lr() before the first step
-    overflow: list = field(default_factory=list)    # engine.optimizer.overflow
-    skipped_steps: list = field(default_factory=list)         # engine.skipped_steps
-    scheduler_iteration: list = field(default_factory=list)   # engine.lr_scheduler.last_batch_iteration
-    lr: list = field(default_factory=list)          # engine.get_lr()[0]
 
 
 def precision_config(base: dict, name: str) -> dict:
@@ -171,24 +112,15 @@ def engine_run(base: dict, fp16: dict, steps: int, device: str, label: str) -> T
         loss = torch.nn.functional.cross_entropy(engine(x.to(device, torch.half)).float(), y.to(device))
         trace.scale.append(float(engine.optimizer.loss_scale))
         engine.backward(loss)
+        if step == steps - 1:       # after a backward: step() frees the gradient partition engine_dtypes reads
+            trace.dtypes = engine_dtypes(engine)
         engine.step()
         trace.overflow.append(bool(engine.optimizer.overflow))
         trace.lr.append(engine.get_lr()[0])
         trace.loss.append(loss.item())
     trace.engine_skipped_steps = engine.skipped_steps
-    trace.dtypes = engine_dtypes(engine)
     engine.destroy()
     return trace
-
-
-def scaler_for(fp16: dict):
-    """DeepSpeed's own scaler for an "fp16" config section, built as the ZeRO optimizer builds it."""
-    if fp16.get("loss_scale", 0) == 0:
-        return DynamicLossScaler(init_scale=2.0 ** fp16["initial_scale_power"], scale_window=fp16["loss_scale_window"],
-                                 min_scale=fp16["min_loss_scale"], delayed_shift=fp16["hysteresis"],
-                                 consecutive_hysteresis=fp16.get("consecutive_hysteresis", False),
-                                 raise_error_at_min_scale=False)
-    return LossScaler(scale=fp16["loss_scale"])
 
 
 def scaler_run(base: dict, fp16: dict, steps: int, device: str, label: str) -> Trace:

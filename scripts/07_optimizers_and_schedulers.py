@@ -8,7 +8,6 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/07_optimizers_and_scheduler
 """
 import argparse
 import copy
-from dataclasses import dataclass
 
 import deepspeed
 import torch
@@ -18,30 +17,9 @@ from deepspeed.accelerator import get_accelerator
 from course_utils.rank.data import random_batch
 from course_utils.rank.models import tiny_mlp
 from course_utils.rank.optimizers import OPTIMIZERS, scheduler_sections
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.schedules import LrCurve, OptimizerOutcome
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
-
-
-@dataclass
-class OptimizerOutcome(Record, name="optimizer"):
-    """One optimizer section: what deepspeed.initialize built from it (or the error it raised)."""
-    label: str
-    outcome: str                          # "ok" or the error's class name
-    error: str | None = None
-    optimizer_class: str | None = None    # module.Class of the optimizer doing the step
-    adam_w_mode: bool | None = None
-    wrapper: str | None = None            # the engine's optimizer around it (ZeRO, fp16, ...)
-    losses: list | None = None           # each step's loss, each on that step's own batch
-    held_out: list | None = None         # [before, after] training: the loss on one batch never trained on
-
-
-@dataclass
-class LrCurve(Record, name="lr_curve"):
-    """The learning rate (and Adam's betas) the engine used at each step under one scheduler section."""
-    label: str
-    scheduler: str
-    lr: list
-    betas: list                           # [beta1, beta2] per step, read like lr (engine.get_mom())
 
 
 def optimizer_config(base: dict, label: str) -> dict:

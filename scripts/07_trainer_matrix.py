@@ -9,30 +9,16 @@ argument or config key changed). All combinations run one after another inside t
 Run from a terminal:  deepspeed --num_gpus 2 scripts/07_trainer_matrix.py --deepspeed_config configs/07_trainer_base.json
 """
 import argparse
-from dataclasses import dataclass
 
 from accelerate.state import AcceleratorState
 from transformers import Trainer
 
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.schedules import Combo
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_config, combo_key, combos, training_arguments
-
-
-@dataclass
-class Combo(Record, name="combo"):
-    """One cell of the matrix: a Trainer run with this combination, and what happened."""
-    key: str                              # combo_key: "hf_opt+ds_sched", "+offload" appended for ZeRO-Offload
-    outcome: str                          # "ok" or the error's class name
-    variant: str | None = None            # an entry of OFFLOAD_VARIANTS, or None for the matrix itself
-    optimizer_class: str | None = None    # the optimizer that steps (inside the ZeRO optimizer)
-    adam_w_mode: bool | None = None       # DeepSpeed's Adam classes: decoupled weight decay or not
-    scheduler_class: str | None = None
-    train_loss: float | None = None
-    world_size: int | None = None
-    error: str | None = None
 
 
 def try_combo(base: dict, hf_opt: bool, hf_sched: bool, offload: bool, steps: int, data,

@@ -8,11 +8,9 @@ the mismatch error, and HfDeepSpeedConfig before from_pretrained under ZeRO-3.
 4. ZeRO-3: from_pretrained with and without a live HfDeepSpeedConfig: partitioned or not.
 Run from a terminal:  deepspeed --num_gpus 2 scripts/08_trainer_integration.py --deepspeed_config configs/08_trainer.json
 """
-import argparse
 import copy
 import os
 import shutil
-from dataclasses import dataclass
 
 import torch.distributed as dist
 from accelerate.state import AcceleratorState
@@ -23,43 +21,15 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from course_utils.common import run_folder
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.trainer import EngineView, Zero3Load, build_parser, trainer_settings
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import AutoFill, recording_auto_fills, training_arguments
-
-
-@dataclass
-class EngineView(Record, name="engine_view"):
-    """What the DeepSpeed engine inside the Trainer ended up with."""
-    train_batch_size: int
-    micro_batch: int
-    gradient_accumulation_steps: int
-    gradient_clipping: float
-    world_size: int
-    optimizer: str
-    lr_scheduler: str
-
-
-@dataclass
-class Zero3Load(Record, name="zero3_load"):
-    """A weight after ``from_pretrained`` under ZeRO-3, with or without a live HfDeepSpeedConfig."""
-    label: str
-    local_shape: list
-    local_numel: int
-    ds_numel: int | None          # set only when the weight was partitioned
-    partition_numel: int | None
 
 
 # The TrainingArguments fields part 1 records (what the Trainer had to fill "auto" from).
 ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "learning_rate",
              "max_grad_norm", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "warmup_steps", "max_steps")
-
-
-def trainer_settings(args) -> dict:
-    """The TrainingArguments every run of this script shares."""
-    return dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=args.steps,
-                learning_rate=args.learning_rate, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0,
-                logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
 
 
 def train(args, deepspeed_config, data) -> tuple[Trainer, list[float]]:
@@ -111,16 +81,8 @@ def zero3_loads() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=4, help="training steps of each Trainer run")
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--parts", type=int, nargs="*", default=[1, 2, 3, 4], help="which of the parts above to run")
-    return parser
-
-
 def main(argv=None) -> None:
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(__doc__), argv)
     written = load_config(args)
     data = counting_dataset()
 

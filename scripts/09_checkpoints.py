@@ -17,7 +17,6 @@ Run from a terminal:
 """
 import argparse
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import deepspeed
@@ -28,18 +27,9 @@ from safetensors.torch import save_file
 
 from course_utils.rank.data import fixed_batch, global_batch, rank_slice
 from course_utils.rank.models import tiny_gpt2
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.checkpoints import Saved
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
-
-
-@dataclass
-class Saved(Record, name="saved"):
-    """One checkpoint of the layout launch: its precision, ZeRO stage, the class of ``engine.optimizer``
-    (whose state the checkpoint holds) and the dtype of the module's parameters."""
-    dtype: str
-    stage: int
-    optimizer: str
-    param_dtype: str
 
 
 def engine_config(base: dict, stage: int, universal: bool = False, dtype: str = "fp32", **zero_options) -> dict:

@@ -10,47 +10,18 @@ Run from a terminal:
   deepspeed --num_gpus 2 scripts/10_translation.py --data build/data/translation_4000_120_0_<language> \
       --epochs 7 --max_length 24 --output_dir build/translation --deepspeed_config configs/10_zero2_offload.json
 """
-import argparse
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from course_utils.rank import translation as tr
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.translation import EngineSetup, Evaluation, Generation, build_parser
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
 from course_utils.rank.trainer import training_arguments
-
-
-@dataclass
-class Generation(Record, name="generation"):
-    """How the ranks generated their evaluation translations, so the hand-off can repeat it exactly."""
-    batch_size: int               # examples per rank: one evaluation batch each
-    max_length: int               # the bound on the whole output (generation_max_length)
-    examples: int                 # evaluation examples translated (a multiple of the world size)
-
-
-@dataclass
-class Evaluation(Record, name="evaluation"):
-    """One evaluation of the model during or after training: BLEU and how long generating the translations took."""
-    epoch: float                  # the Trainer's epoch counter when it evaluated (1.0 = after the first epoch)
-    step: int                     # optimizer steps taken by then
-    bleu: float                   # corpus BLEU (sacrebleu) of the greedy translations of the evaluation examples
-    seconds: float                # the Trainer's evaluation runtime: generation on every rank, then BLEU
-    examples: int                 # evaluation examples (over every rank)
-
-
-@dataclass
-class EngineSetup(Record, name="engine_setup"):
-    """What the DeepSpeed engine inside the Trainer was built with, read from the engine itself."""
-    stage: int                    # engine.zero_optimization_stage()
-    train_batch_size: int         # examples per optimizer step, over every rank
-    optimizer: str                # the class that runs the step (DeepSpeedCPUAdam when the optimizer is offloaded)
-    offload_param: bool           # ZeRO-3's optimizer keeps the parameter partitions on the host between uses
-    partitioned: bool             # the module's weights are ZeRO-3 shards (ds_tensor), not whole tensors
 
 
 def engine_setup(engine) -> EngineSetup:
@@ -125,33 +96,8 @@ def evaluation_split(eval_raw, world_size: int):
     return eval_raw.select(range(batch * world_size)), batch
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--data", help="folder from translation.prepare (corpus/ and tokenizer/); the offline default")
-    parser.add_argument("--model_name", default=None, help="a hub model, e.g. t5-small (default: a tiny T5 from a config)")
-    parser.add_argument("--dataset_name", default=None, help="a hub data set, e.g. wmt16 (with --dataset_config ro-en)")
-    parser.add_argument("--dataset_config", default="ro-en")
-    parser.add_argument("--source_lang", default=tr.SOURCE_LANG)
-    parser.add_argument("--target_lang", default=tr.TARGET_LANG)
-    parser.add_argument("--source_prefix", default="", help='e.g. "translate English to Romanian: " for t5-small')
-    parser.add_argument("--max_train_samples", type=int, default=None)
-    parser.add_argument("--max_eval_samples", type=int, default=None)
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--stop_after_epochs", type=int, default=None,
-                        help="end training after this many of the --epochs (the schedule stays that of the whole run)")
-    parser.add_argument("--stop_after_steps", type=int, default=None,
-                        help="end training after this many optimizer steps (the schedule stays that of the whole run)")
-    parser.add_argument("--logging_steps", type=int, default=20, help="log the training loss every this many steps")
-    parser.add_argument("--batch_size", type=int, default=32, help="per device")
-    parser.add_argument("--learning_rate", type=float, default=3e-3)
-    parser.add_argument("--warmup_steps", type=int, default=30)
-    parser.add_argument("--max_length", type=int, default=64)
-    return parser
-
-
 def main(argv=None) -> None:
-    args = parse_args(build_parser(), argv)
+    args = parse_args(build_parser(__doc__), argv)
     tokenizer, model, raw = model_and_data(args)
     train_raw = first(raw["train"], args.max_train_samples)
     eval_raw, eval_batch = evaluation_split(first(raw["test"], args.max_eval_samples),

@@ -8,35 +8,20 @@ Run from a terminal (it hangs: stop it with Ctrl-C):  deepspeed --num_gpus 2 scr
 """
 import argparse
 import os
-from dataclasses import dataclass
 
 import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.perf import DebugEnv, Logged
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 INF_RANK, INF_STEP = 1, 2      # this rank's loss is inf on this step
 # debugging switches a launch can pass to its ranks (notebook 11's pitfall cell): what each rank found set
 DEBUG_VARIABLES = ("CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG",
                    "TORCH_CPP_LOG_LEVEL")
-
-
-@dataclass
-class Logged(Record, name="logged"):
-    """One step of one rank: the loss it had and the value its log_metrics returned."""
-    step: int
-    loss: float
-    logged: float
-
-
-@dataclass
-class DebugEnv(Record, name="debug_env"):
-    """The debugging variables this rank found in its environment (absent ones left out), and its backend."""
-    variables: dict
-    backend: str
 
 
 def log_metrics(step: int, loss: torch.Tensor) -> float:

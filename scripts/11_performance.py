@@ -14,10 +14,8 @@
 Run from a terminal:  deepspeed --num_gpus 2 scripts/11_performance.py --deepspeed_config configs/11_performance.json
 """
 import argparse
-import copy
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import deepspeed
@@ -30,96 +28,13 @@ from course_utils.rank import comms, perf
 from course_utils.rank.distributed import time_all_reduce
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import PRESETS, count_parameters, tiny_gpt2
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.perf import (Activation, FlopsProfile, MicroStep, ModelStates, Recompute, StepTime, Trajectory,
+                                              accumulation_config)
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 ACCUMULATION = [(8, 1), (4, 2), (2, 4)]     # micro-batch per rank × accumulation steps: 8 samples per rank per step
-SGD_LR = 0.5          # plain SGD: an update proportional to the gradient, so a wrongly scaled loss shows at once
 AR_SIZES = [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24]    # all_reduce sizes (fp32 elements) for α–β
-
-
-@dataclass
-class Trajectory(Record, name="trajectory"):
-    """One accumulation setting: the loss of every optimizer step (the mean over every rank's micro-batches)."""
-    micro: int
-    gas: int
-    train_batch_size: int            # what the engine computed: micro × gas × world size
-    loop: str                        # "yours" (exercise 1) or "course"
-    loss: list = field(default_factory=list)
-    weight_sum: float = 0.0          # Σ of all weights at the end (float64): the same updates, the same sum
-
-
-@dataclass
-class MicroStep(Record, name="micro_step"):
-    """One micro-step of 2 × 4, read from the engine."""
-    micro_step: int
-    boundary: bool                   # engine.is_gradient_accumulation_boundary() before backward
-    returned_over_loss: float        # what engine.backward(loss) returned, divided by the loss
-    weights_changed: bool            # by this micro-step's engine.step()
-    global_steps: int                # engine.global_steps after it
-
-
-@dataclass
-class Activation(Record, name="activation"):
-    """One forward + backward pass under torch's MemTracker (bytes by category)."""
-    checkpointing: str               # off | hf | deepspeed
-    seq_len: int
-    batch: int
-    after_forward: int               # activation bytes alive when the forward pass ended (kept for backward)
-    peak_total: int                  # all tracked bytes at the peak of the pass
-    peak: dict                       # the categories at that peak
-
-
-@dataclass
-class Recompute(Record, name="recompute"):
-    """Forward + backward passes (no tracker) per checkpointing setting, interleaved over ``repeats`` rounds
-    (:func:`perf.interleaved_passes`): the median seconds, and every pass's forward, backward and page faults."""
-    seq_len: int
-    batch: int
-    seconds: dict                    # setting → median seconds of a whole pass
-    passes: dict = field(default_factory=dict)   # setting → {"forward": [s], "backward": [s], "minor_faults": [n]}
-
-
-@dataclass
-class ModelStates(Record, name="model_states"):
-    """Bytes of this rank's model states in the profiled engine (tensor accounting)."""
-    stage: int
-    world_size: int
-    bytes: dict                      # params / grads / optimizer
-
-
-@dataclass
-class StepTime(Record, name="step_time"):
-    """One training step of the profiled engine."""
-    step: int
-    wall_ms: float                   # forward + backward + step, by the clock around them
-    timers: dict                     # engine.get_wall_clock_timers(): ms per timer (wall_clock_breakdown)
-    comm: dict                       # op → [[message bytes, [logged ms, ...]]] from DeepSpeed's comms logger
-    loss: float
-
-
-@dataclass
-class FlopsProfile(Record, name="flops_profile"):
-    """DeepSpeed's flops profiler at its profile step (rank 0), and this rank's matmul peak."""
-    profile_step: int
-    micro_batch: int
-    seq_len: int
-    fwd_flops: int                   # the profiler's total for one forward pass of one micro-batch
-    params: int
-    modules: list                    # per top-level module: fwd_flops, params, latency_s
-    peak_flops_per_s: float          # perf.matmul_flops_per_s on this rank
-    output_file: str
-
-
-def accumulation_config(base: dict, micro: int, gas: int) -> dict:
-    """The base config with this micro-batch × accumulation, plain SGD, and no profiling or monitoring."""
-    cfg = {k: v for k, v in copy.deepcopy(base).items()
-           if k not in ("flops_profiler", "csv_monitor", "wall_clock_breakdown", "activation_checkpointing")}
-    cfg.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas,
-               optimizer={"type": "SGD", "params": {"lr": SGD_LR}},
-               zero_allow_untested_optimizer=True)     # ZeRO accepts a torch optimizer it was not tested with
-    cfg.pop("train_batch_size", None)
-    return cfg
 
 
 def weights(module) -> torch.Tensor:

@@ -23,9 +23,9 @@ import torch.distributed as dist
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from course_utils.rank import comms
-from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, Activations, AdapterMemory, AdapterState, Losses,
-    SampleDataset, Saved, TokenCount, adapter_view, gathered_adapter_state, micro_batch, save_adapter, save_base,
-    saved_activation_bytes, shared_folder, trainable_numel, with_lora, zero3_view)
+from course_utils.common.records.adapters import Activations, AdapterMemory, AdapterState, Losses, Saved, TokenCount
+from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, SampleDataset, adapter_view, gathered_adapter_state,
+    micro_batch, save_adapter, save_base, saved_activation_bytes, shared_folder, trainable_numel, with_lora, zero3_view)
 from course_utils.rank.data import fixed_batch
 from course_utils.rank.engine import ds_config, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory

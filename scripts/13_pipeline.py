@@ -26,6 +26,7 @@ from course_utils.rank import parallel as pp
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.parallel_comm import autotp, tiny_llama, ulysses_check
 from course_utils.common.record import record
+from course_utils.common.records.parallel import Bubble, Partition, PipeLosses, StageBytes, StageStream
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 LOSS_M = 4         # micro-batches of the run compared with one rank
@@ -42,13 +43,13 @@ def sweep(config: dict, ms: list, batches: int) -> list:
         stage = engine.stage_id
         shares = [idle for _, (idle, _, _) in measured[1:]]
         _, busy, window = measured[-1][1]
-        record(pp.Bubble(m=m, stages=2, stage=stage, idle_share=statistics.median(shares), last_share=shares[-1],
+        record(Bubble(m=m, stages=2, stage=stage, idle_share=statistics.median(shares), last_share=shares[-1],
                          formula=pp.formula(m, 2),
                          busy_ms=busy, window_ms=window, idle_steps=trace.idle_steps(), steps=len(trace.steps),
                          in_flight=trace.in_flight(), by_instruction=trace.by_instruction()))
-        record(pp.StageStream(m=m, stage=stage, executed=[[*s] for s in _executed(trace)],
+        record(StageStream(m=m, stage=stage, executed=[[*s] for s in _executed(trace)],
                               scheduled=pp.schedule(m, 2, stage), durations=trace.durations()))
-        record(pp.StageBytes(m=m, stage=stage, sent=dict(trace.sent), activation_shape=[pp.MICRO, pp.WIDTH],
+        record(StageBytes(m=m, stage=stage, sent=dict(trace.sent), activation_shape=[pp.MICRO, pp.WIDTH],
                              element_bytes=4))
         if m == LOSS_M:
             losses = [loss for loss, _ in measured]
@@ -95,7 +96,7 @@ def refused(config: dict, stage: int) -> str:
 
 def partitions(yours) -> None:
     """Parameters per stage of the lopsided layer list: as given ("uniform"), and as you partition it."""
-    from course_utils.rank.parallel import Partition, lopsided_layers, stage_parameters
+    from course_utils.rank.parallel import lopsided_layers, stage_parameters
 
     with contextlib.redirect_stdout(io.StringIO()):
         pipes = {"uniform (as given)": PipelineModule(layers=lopsided_layers(), num_stages=2, loss_fn=pp.mse,
@@ -122,9 +123,9 @@ def main(argv=None) -> None:
     deepspeed.init_distributed()
     torch.set_num_threads(1)          # one core per rank: a waiting stage leaves its core to the other one
     pipe_losses = sweep(config, args.micro_batches, args.batches)
-    record(pp.PipeLosses(label="pipeline, 2 stages", losses=pipe_losses))
+    record(PipeLosses(label="pipeline, 2 stages", losses=pipe_losses))
     if dist.get_rank() == 0:
-        record(pp.PipeLosses(label="one rank", losses=one_rank(config, args.batches)))
+        record(PipeLosses(label="one rank", losses=one_rank(config, args.batches)))
     record("pipeline_zero1_error", refused(config, 1))
     record("pipeline_zero2_error", refused(config, 2))
     yours = load_exercise(args.yours, ["build_pipeline"]).get("build_pipeline") if args.yours else None

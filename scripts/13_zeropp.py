@@ -22,6 +22,7 @@ from course_utils.common import paths
 from course_utils.rank import parallel as pp
 from course_utils.rank.parallel_comm import GatherCounter, ulysses_check
 from course_utils.common.record import record
+from course_utils.common.records.parallel import PipeZero
 from course_utils.rank.scaffolding import finish, load_config, parse_args, read_config
 
 SMALL = 64         # block width of the pipeline here: the optimizer's bytes are what is measured, not time
@@ -57,7 +58,7 @@ def pipeline_zero1() -> None:
         inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
         state = sum(t.numel() * t.element_size() for s in inner.state.values() for t in s.values()
                     if torch.is_tensor(t) and t.dim() > 0)
-        record(pp.PipeZero(stage=stage, pipe_stage=engine.stage_id, data_parallel=engine.dp_world_size,
+        record(PipeZero(stage=stage, pipe_stage=engine.stage_id, data_parallel=engine.dp_world_size,
                            stage_parameters=sum(p.numel() for p in pipe.parameters()), optimizer_state_bytes=state))
 
 

@@ -13,31 +13,14 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.slurm import SlurmRank
 from course_utils.rank.scaffolding import finish, parse_args
-
-
-@dataclass
-class SlurmRank(Record, name="slurm_rank"):
-    """One rank: DeepSpeed's view (rank, local rank, node rank, world size) next to Slurm's (node name, node id,
-    task id), and the all_reduce of rank + 1 over every rank."""
-    rank: int
-    local_rank: int
-    node_rank: int | None       # CROSS_RANK, from DeepSpeed's launcher (--node_rank); None when no launcher ran
-    world_size: int
-    node: str | None            # SLURMD_NODENAME: the Slurm node that started this task
-    slurm_nodeid: int | None    # SLURM_NODEID: the node's index in the job
-    slurm_procid: int | None    # SLURM_PROCID: the task's index in the step (under mpirun: of its orted)
-    master_addr: str
-    master_port: int
-    all_reduce: float
-    pid: int
 
 
 def _int(name: str) -> int | None:

@@ -119,3 +119,12 @@ def test_the_torch_extensions_default_reaches_ranks_and_the_op_build(module):
     env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
     out = _python(f"import os, {module}\nprint(os.environ['TORCH_EXTENSIONS_DIR'])", env=env)
     assert out.strip() == str(paths.torch_extensions_dir())
+
+
+def test_the_kernel_and_the_notebooks_import_no_script():
+    """What the kernel needs of a script (its records, its command line) lives in course_utils/common/records/:
+    no kernel module or notebook loads a file of scripts/ as a module (by file location, runpy or a loader)."""
+    places = [*(PACKAGE / "kernel").rglob("*.py"), *paths.NOTEBOOKS.glob("*.ipynb")]
+    loads = ("spec_from_file_location", "runpy", "scripts.load(", "load_script(", "SourceFileLoader")
+    bad = [f"{p.relative_to(paths.ROOT)}: {word}" for p in places for word in loads if word in p.read_text()]
+    assert bad == []

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from course_utils.common.records.collectives import COLLECTIVES, AllReduceTime
 from course_utils.rank import data, distributed, models, ring
 from course_utils.kernel.views import distributed as distributed_views
 
@@ -85,10 +86,10 @@ def test_count_sent_bytes_wraps_and_restores():
 
 def test_collectives_table_orders_rows():
     records = [{"name": "collectives", "rank": r, "value": [{"collective": c, "rank": r, "before": [r], "after": [r], "how": ""}
-                                                         for c in reversed(distributed.COLLECTIVES)]}
+                                                         for c in reversed(COLLECTIVES)]}
                for r in (1, 0)]
     table = distributed_views.collectives_table(records)
-    assert list(table.index.get_level_values(0).unique()) == list(distributed.COLLECTIVES)
+    assert list(table.index.get_level_values(0).unique()) == list(COLLECTIVES)
     assert list(table.loc["broadcast"].index) == [0, 1]
 
 
@@ -96,7 +97,7 @@ def test_figures_draw():
     import matplotlib
     matplotlib.use("Agg")
     assert len(distributed_views.plot_parallelism_families().axes) == 4
-    rows = [distributed.AllReduceTime(n, 4 * n, 1e-4 * n ** 0.5, 1.0) for n in (10, 1000)]
+    rows = [AllReduceTime(n, 4 * n, 1e-4 * n ** 0.5, 1.0) for n in (10, 1000)]
     assert len(distributed_views.plot_all_reduce_times(rows, 2, "gloo").axes) == 2
 
 
@@ -116,7 +117,7 @@ def test_gather_predictions_keeps_each_index_once(one_rank_group):
 
 def test_run_collectives_on_one_rank(one_rank_group):
     rows = {r.collective: r for r in distributed.run_collectives("cpu")}
-    assert list(rows) == list(distributed.COLLECTIVES)
+    assert list(rows) == list(COLLECTIVES)
     assert rows["all_reduce"].after == [1.0] and rows["all_gather"].after == [1.0]
     assert "ok" in rows["reduce_scatter"].how or "all_reduce + slice" in rows["reduce_scatter"].how
 

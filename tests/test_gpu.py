@@ -14,6 +14,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.notebook,
 def test_03_cuda_allocated_holds_the_model_states_the_walk_found():
     rows = run_notebook("03_zero_stages")["zero_memory"]
     assert rows
+    rows = [r for r in rows if r["world_size"] <= torch.cuda.device_count()]    # the others ran on CPU ranks
+    if not rows:
+        pytest.skip("notebook 03 launches 2 and 4 ranks: with fewer GPUs they run on CPU ranks, without CUDA bytes")
     for r in rows:      # allocated at the measuring point: the model states, plus activations and buffers
         assert r["accelerator_peak"] >= r["accelerator_bytes"] >= r["measured_bytes"] > 0, r
 

@@ -3,6 +3,8 @@ ssh, the collectives ZeRO calls, the ring all-reduce checked against dist.all_re
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.collectives import RingStep
 
 NAME = "01_distributed_concepts"
 pytestmark = pytest.mark.notebook
@@ -32,17 +34,17 @@ def test_notebook_runs_and_records_its_figures():
     assert n == 4
     assert m["ring_bytes_expected"] > 0
     assert m["ring_bytes_per_rank"] == pytest.approx(m["ring_bytes_expected"], rel=0.01)
-    at = {(s["rank"], s["step"]): s for s in m["ring_steps"]}
+    at = {(s.rank, s.step): s for s in as_records(m["ring_steps"], RingStep)}
     assert max(step for _, step in at) == 2 * (n - 1), "2(N−1) send/recv steps per rank"
     full = 2 ** n - 1
     for r in range(n):
-        assert at[(r, 0)]["held"] == [2.0 ** r] * n
+        assert at[(r, 0)].held == [2.0 ** r] * n
         # after the scatter-reduce, rank r holds the complete sum of chunk (r+1) % N, and only that one
-        assert [c for c, v in enumerate(at[(r, n - 1)]["held"]) if v == full] == [(r + 1) % n]
-        assert all(v == full for v in at[(r, 2 * (n - 1))]["held"])
+        assert [c for c, v in enumerate(at[(r, n - 1)].held) if v == full] == [(r + 1) % n]
+        assert all(v == full for v in at[(r, 2 * (n - 1))].held)
         for k in range(1, 2 * n - 1):
             left = at[((r - 1) % n, k)]
-            assert at[(r, k)]["received"] == left["sent"] and left["sent_to"] == r
+            assert at[(r, k)].received == left.sent and left.sent_to == r
     times = m["all_reduce_times"]
     assert len(times) >= 4 and all(t["seconds"] > 0 for t in times)
     assert times[-1]["gbytes_per_s"] > times[0]["gbytes_per_s"], "large messages must move more bytes per second"

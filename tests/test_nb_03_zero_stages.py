@@ -2,6 +2,8 @@
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.zero import GradPeak, Ownership, YourConfig
 from course_utils.kernel import hardware
 
 NAME = "03_zero_stages"
@@ -40,9 +42,9 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     assert m["round_robin_order"] == ["p0", "p3", "p6", "p1", "p4", "p7", "p2", "p5"]
     assert m["stage3_shard_numel"] == -(-m["stage3_weight_numel"] // procs)
     assert m["stage3_prediction_matches"] is True      # exercise 1's solution against every rank's record
-    yours = m["your_config"]           # exercise 2's solution, launched on 4 ranks beside the course's runs
-    assert (yours["stage"], yours["dtype"], yours["world_size"]) == (3, "fp32", 4)
-    held = yours["measured"]["model_states"]
+    [yours] = as_records(m["your_config"], YourConfig)   # exercise 2's solution, launched on 4 ranks beside the others
+    assert (yours.stage, yours.dtype, yours.world_size) == (3, "fp32", 4)
+    held = yours.measured["model_states"]
     assert held <= 0.35 * by[(procs, "fp32", 0)]["measured_bytes"], "within the exercise's budget"
     assert held == pytest.approx(20 / 4 * m["num_params"], rel=0.03), "stage 3 in fp32 with its master copy, within 3 %"
     # one execution of the notebook, several subjects (each test function would execute it again)
@@ -91,30 +93,30 @@ def check_each_stage_sends_what_deepspeed_0_19_issues(m):
 
 def check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m):
     procs = hardware.detect().default_procs
-    peaks = {(g["stage"], g["gas"]): g for g in m["grad_peaks"] if g["world_size"] == procs}
+    peaks = {(g.stage, g.gas): g for g in as_records(m["grad_peaks"], GradPeak) if g.world_size == procs}
     assert set(peaks) == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    full = 4 * peaks[(1, 1)]["num_params"]                       # every fp32 gradient, whole
+    full = 4 * peaks[(1, 1)].num_params                       # every fp32 gradient, whole
     for gas in (1, 2):
-        assert abs(peaks[(1, gas)]["peak_grad_bytes"] - full) <= 64      # stage 1 reduces after backward
-        assert peaks[(1, gas)]["peak_bucket_bytes"] == 4 * peaks[(1, gas)]["bucket_numel"]            # one bucket
-        assert peaks[(2, gas)]["peak_bucket_bytes"] == 2 * 4 * peaks[(2, gas)]["bucket_numel"]        # overlap_comm: two
-    assert peaks[(2, 1)]["peak_grad_bytes"] < peaks[(1, 1)]["peak_grad_bytes"]
-    assert abs(peaks[(1, 2)]["between_micro_steps"] - full) <= 64
-    assert abs(peaks[(2, 2)]["between_micro_steps"] - 4 * peaks[(2, 2)]["partition_numel"]) <= 64
+        assert abs(peaks[(1, gas)].peak_grad_bytes - full) <= 64      # stage 1 reduces after backward
+        assert peaks[(1, gas)].peak_bucket_bytes == 4 * peaks[(1, gas)].bucket_numel            # one bucket
+        assert peaks[(2, gas)].peak_bucket_bytes == 2 * 4 * peaks[(2, gas)].bucket_numel        # overlap_comm: two
+    assert peaks[(2, 1)].peak_grad_bytes < peaks[(1, 1)].peak_grad_bytes
+    assert abs(peaks[(1, 2)].between_micro_steps - full) <= 64
+    assert abs(peaks[(2, 2)].between_micro_steps - 4 * peaks[(2, 2)].partition_numel) <= 64
 
 
 def check_the_ranks_own_disjoint_slices_that_cover_the_model(m):
     by_stage = {}
-    for o in m["ownership"]:
-        by_stage.setdefault(o["stage"], []).append(o)
+    for o in as_records(m["ownership"], Ownership):
+        by_stage.setdefault(o.stage, []).append(o)
     assert set(by_stage) == {0, 1, 2, 3}
     for stage, owners in by_stage.items():
-        numel = dict(owners[0]["params"])
-        world = owners[0]["world_size"]
-        assert sorted(o["rank"] for o in owners) == list(range(world))
+        numel = dict(owners[0].params)
+        world = owners[0].world_size
+        assert sorted(o.rank for o in owners) == list(range(world))
         cover = {name: [] for name in numel}
         for o in owners:
-            for name, start, end in o["slices"]:
+            for name, start, end in o.slices:
                 cover[name].append((start, end))
         for name, spans in cover.items():
             whole = [s for s in spans if s == (0, numel[name])]
@@ -125,11 +127,11 @@ def check_the_ranks_own_disjoint_slices_that_cover_the_model(m):
             assert spans[0][0] == 0 and spans[-1][1] == numel[name], (stage, name, spans)
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (stage, name, spans)
     stage3 = by_stage[3]
-    numel = dict(stage3[0]["params"])
+    numel = dict(stage3[0].params)
     whole_on = {}
     for o in stage3:
-        for name, start, end in o["slices"]:
+        for name, start, end in o.slices:
             if (start, end) == (0, numel[name]):
                 whole_on[name] = whole_on.get(name, 0) + 1
-    persistent = [name for name, count in whole_on.items() if count == stage3[0]["world_size"]]
+    persistent = [name for name, count in whole_on.items() if count == stage3[0].world_size]
     assert sum(numel[name] for name in persistent) == m["persistent_numel"]["fp32"]

@@ -4,6 +4,8 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.common import zero_rules
+from course_utils.common.record import as_records
+from course_utils.common.records.offload import Rung
 from course_utils.common.zero_rules import LADDER
 
 NAME = "04_offload_and_infinity"
@@ -17,11 +19,11 @@ def _held_in(placement: dict, state: str, suffix: str) -> bool:
 
 def test_ladder_nvme_and_knobs_are_measured():
     m = run_notebook(NAME)
-    ladder = {r["name"]: r for r in m["ladder"]}
+    ladder = {r.name: r for r in as_records(m["ladder"], Rung)}
     assert list(ladder) == ["stage 0", "stage 1", "stage 2", "stage 2 + offload", "stage 3", "stage 3 + offload"]
-    assert all(r["step_seconds"] > 0 and r["phases"]["forward + backward"] > 0 for r in ladder.values())
+    assert all(r.step_seconds > 0 and r.phases["forward + backward"] > 0 for r in ladder.values())
     # 16Ψ replicated vs 16Ψ/N plus DeepSpeed's fp32 master copy (20Ψ/N in fp32): measured from the tensors
-    assert ladder["stage 0"]["model_state_bytes"] > 1.5 * ladder["stage 3"]["model_state_bytes"]
+    assert ladder["stage 0"].model_state_bytes > 1.5 * ladder["stage 3"].model_state_bytes
 
     placed = {p["name"]: p for p in m["placement"]}
     for name, (stage, zero) in LADDER.items():
@@ -43,32 +45,33 @@ def test_ladder_nvme_and_knobs_are_measured():
                 on = p["by_state"][state]
                 assert (on.get("cpu", 0) > sum(on.values()) - on.get("cpu", 0)) == (state in moved), (name, state, on)
     if m["is_gpu"]:
-        assert ladder["stage 2 + offload"]["host_bytes"] > 0 and ladder["stage 2"]["host_bytes"] == 0
+        assert ladder["stage 2 + offload"].host_bytes > 0 and ladder["stage 2"].host_bytes == 0
     else:                # one memory: the tensor walk finds every state on a "cpu" tensor
         assert all(set(on) <= {"cpu"} for p in placed.values() for on in p["by_state"].values()), placed
     # on any machine: each offload rung keeps less on the accelerator side than the rung it extends, NVMe less on the host
     assert [(o["rung"], o["lower"]) for o in m["offload_lowers"]] == [
         ("stage 2 + offload", True), ("stage 3 + offload", True), ("stage 3 + NVMe", True)]
-    assert all(r["host_side_bytes"] == 0 for n, r in ladder.items() if "offload" not in n)
+    assert all(r.host_side_bytes == 0 for n, r in ladder.items() if "offload" not in n)
     if m["ranks"] >= 2:   # the measured order is the formula's; the documented one only from the ranks it needs
         assert m["memory_order_as_formula"] is True
         assert m["memory_order_as_documented"] is (m["ranks"] >= m["formula_crossing_ranks"])
-    assert m["nvme_swap_files"] >= 2 and m["nvme"]["nvme_bytes"] > 0
-    staging = sum(b["bytes"] for b in m["nvme"]["swap_buffers"].values())
-    assert staging > 0 and m["nvme"]["locked_bytes"] >= staging, "the swappers' buffers are page-locked host memory"
+    [nvme] = as_records(m["nvme"], Rung)
+    assert m["nvme_swap_files"] >= 2 and nvme.nvme_bytes > 0
+    staging = sum(b["bytes"] for b in nvme.swap_buffers.values())
+    assert staging > 0 and nvme.locked_bytes >= staging, "the swappers' buffers are page-locked host memory"
     assert m["client_optimizer_refused"] is True
     assert set(m["optimizer_kernel_seconds"]) == {"DeepSpeedCPUAdam", "AdamW"}
-    knobs = {r["name"]: r for r in m["knobs"]}
+    knobs = {r.name: r for r in as_records(m["knobs"], Rung)}
     assert len(knobs) == 4, "smoke: tight, the question's raise, persist everything, and exercise 2's setting"
     tight = knobs["knobs: tight (live 1e5, reuse 0, prefetch 0)"]
     persist = knobs["knobs: persist everything (threshold 1e7)"]
-    assert persist["persistent_numel"] > 10 * tight["persistent_numel"]
+    assert persist.persistent_numel > 10 * tight.persistent_numel
     raised = knobs["knobs: the question's raise (live 3e10, reuse 1e10)"]
-    assert raised["gathered_in_forward"] >= tight["gathered_in_forward"] > 0
-    assert raised["host_side_bytes"] == tight["host_side_bytes"] > 0, "gathering more frees nothing on the host"
+    assert raised.gathered_in_forward >= tight.gathered_in_forward > 0
+    assert raised.host_side_bytes == tight.host_side_bytes > 0, "gathering more frees nothing on the host"
     # exercise 2, measured in the ranks: every parameter but the token embedding marked persistent (ds_persist),
     # so forward gathered the embedding alone
     yours = m["persist_all_but_embedding"]
     assert yours["persistent_numel"] == yours["total"] - yours["embedding"] > 0
     assert yours["gathered"] == yours["embedding"]
-    assert knobs["knobs: yours (exercise 2)"]["persistent_numel"] == yours["persistent_numel"]
+    assert knobs["knobs: yours (exercise 2)"].persistent_numel == yours["persistent_numel"]

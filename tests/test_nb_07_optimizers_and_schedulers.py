@@ -2,6 +2,8 @@
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.schedules import Combo
 from course_utils.kernel import hardware
 from course_utils.rank.optimizers import LR
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_key
@@ -15,21 +17,24 @@ SGD, KEEP_TORCH = (combo_key(True, True, True, v) for v in OFFLOAD_VARIANTS)
 def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
     matrix = {f"{o}_opt+{s}_sched{x}" for o in ("hf", "ds") for s in ("hf", "ds") for x in ("", "+offload")}
-    assert set(m["combo_matrix"]) == matrix | {SGD, KEEP_TORCH}
-    assert all(v == "ok" for v in m["combo_matrix"].values()), m["combo_matrix"]
+    combos = {c.key: c for c in as_records(m["combos"], Combo)}
+    assert set(combos) == matrix | {SGD, KEEP_TORCH}
+    assert all(c.outcome == "ok" for c in combos.values()), {k: c.error for k, c in combos.items()}
     assert m["matrix_world_size"] == [hardware.detect().default_procs], "the Trainer must see every rank"
     assert m["linear_like_hf_max_gap"] <= 1e-9, "exercise 2's section follows HF's linear schedule one step later"
     assert m["linear_like_hf_world_size"] == hardware.detect().default_procs
 
     # which optimizer steps: DeepSpeed's config path, and accelerate's swap of an HF optimizer under offload
-    classes, adamw = m["combo_optimizer_classes"], m["combo_adam_w_mode"]
+    classes = {k: c.optimizer_class for k, c in combos.items()}
+    adamw = {k: c.adam_w_mode for k, c in combos.items()}
     assert classes["hf_opt+hf_sched"] == "AdamW" and classes["ds_opt+ds_sched"] == "FusedAdam"
     assert {classes[k] for k in matrix if k.endswith("+offload")} == {"DeepSpeedCPUAdam"}
     assert adamw["hf_opt+hf_sched+offload"] is True, "torch AdamW → DeepSpeedCPUAdam(adamw_mode=True)"
     assert classes[SGD] == "DeepSpeedCPUAdam" and adamw[SGD] is False, "any other optimizer → CPU Adam, L2 mode"
     assert classes[KEEP_TORCH] == "AdamW", "zero_force_ds_cpu_optimizer=false keeps the torch optimizer"
     # the loss depends on the schedule, not on which Adam stepped (SGD-turned-Adam included)
-    loss, sched = m["combo_train_loss"], m["combo_scheduler_classes"]
+    loss = {k: c.train_loss for k, c in combos.items()}
+    sched = {k: c.scheduler_class for k, c in combos.items()}
     by_sched = {s: [loss[k] for k in loss if sched[k] == s] for s in set(sched.values())}
     assert set(by_sched) == {"LambdaLR", "WarmupDecayLR"}
     for values in by_sched.values():

@@ -4,6 +4,8 @@ import math
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.trainer import Zero3Load
 from course_utils.kernel import hardware
 
 NAME = "08_trainer_integration"
@@ -46,10 +48,10 @@ def test_notebook_runs_and_records_its_figures():
     # the same course-free script with the hook: it trains on every rank, DeepSpeed's batch counting them all
     assert m["template_world_size"] == max(procs, 2)
     assert f"train_batch_size {4 * max(procs, 2)} = 4 per rank x 1 accumulation x {max(procs, 2)} ranks" in m["template_trained"]
-    z3 = m["zero3_load"]
-    assert z3["without HfDeepSpeedConfig"]["local_numel"] == 64 * 32
-    assert z3["with HfDeepSpeedConfig"]["local_numel"] == 0
-    assert z3["with HfDeepSpeedConfig"]["ds_numel"] == 64 * 32
-    assert z3["with HfDeepSpeedConfig"]["partition_numel"] == 64 * 32 // procs
+    z3 = {z.label: z for z in as_records(m["zero3_load"], Zero3Load)}
+    assert z3["without HfDeepSpeedConfig"].local_numel == 64 * 32
+    assert z3["with HfDeepSpeedConfig"].local_numel == 0
+    assert z3["with HfDeepSpeedConfig"].ds_numel == 64 * 32
+    assert z3["with HfDeepSpeedConfig"].partition_numel == 64 * 32 // procs
     # accelerate launch runs in make course only, where the notebook checks its losses against the deepspeed launch
     assert m["accelerate_world_size"] is None and m["accelerate_losses"] is None

@@ -2,6 +2,8 @@
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.translation import EngineSetup
 from course_utils.kernel import hardware
 
 NAME = "10_capstone_translation"
@@ -15,8 +17,9 @@ def test_notebook_runs_and_records_its_figures():
     assert m["run_prediction"] == {"train_batch_size": m["train_batch_size"], "steps": m["steps"]}
     assert m["train_batch_size"] == 32 * m["world_size"]
     # exercise 2: the learner's ZeRO-3 config built a stage-3 engine with both offloads
-    assert m["zero3_engine"] == {"stage": 3, "train_batch_size": m["train_batch_size"], "optimizer": "DeepSpeedCPUAdam",
-                                 "offload_param": True, "partitioned": True}
+    assert as_records(m["zero3_engine"], EngineSetup) == [EngineSetup(stage=3, train_batch_size=m["train_batch_size"],
+                                                                      optimizer="DeepSpeedCPUAdam", offload_param=True,
+                                                                      partitioned=True)]
     assert m["bleu_before"] < 5, "an untrained model cannot translate"
     assert m["bleu_lookup"] < 10, "a word-for-word look-up must fail on a language that reorders and agrees"
     curve = m["bleu_by_epoch"]

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.perf import MicroStep
 from course_utils.rank.models import PRESETS
 from course_utils.kernel.views import perf
 
@@ -20,11 +22,11 @@ def test_notebook_runs_and_records_its_figures():
 
     # 1 · 8 × 1, 4 × 2 and 2 × 4 gave the same losses; backward returned loss / 4, only the 4th step() updated
     assert m["accumulation_loop"] == "yours" and m["accumulation_max_abs_loss_diff"] <= 1e-5
-    micro = m["accumulation_micro_steps"]
-    assert [s["boundary"] for s in micro] == [False, False, False, True]
-    assert [s["weights_changed"] for s in micro] == [False, False, False, True]
-    assert all(abs(s["returned_over_loss"] - 0.25) < 1e-6 for s in micro)
-    assert [s["global_steps"] for s in micro] == [0, 0, 0, 1]
+    micro = as_records(m["accumulation_micro_steps"], MicroStep)
+    assert [s.boundary for s in micro] == [False, False, False, True]
+    assert [s.weights_changed for s in micro] == [False, False, False, True]
+    assert all(abs(s.returned_over_loss - 0.25) < 1e-6 for s in micro)
+    assert [s.global_steps for s in micro] == [0, 0, 0, 1]
 
     # 2 · activations follow the tokens, checkpointing keeps less of them, and both checkpointings keep the same
     act = m["activation_peak_bytes"]

@@ -3,6 +3,8 @@ formula; loading under ZeRO-3, the unsaved-shard pitfall and its fix, Trainer vs
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.adapters import Activations, Zero3Load
 from course_utils.kernel import hardware
 from course_utils.rank.adapters import expected_bytes
 
@@ -41,11 +43,11 @@ def test_lora_accounting_saving_and_hand_off():
     assert comm[(3, "lora", "reduce_scatter_tensor")] == pytest.approx(4 * m["lora_trainable_params"], rel=0.01)
     assert m["stage3_gather_bytes"]["lora"] >= 0.95 * m["stage3_gather_bytes"]["full"] > 0
     # loading under ZeRO-3: partitioned by from_pretrained, the adapter whole until deepspeed.initialize
-    load = {(z["phase"], z["rank"]): z for z in m["zero3_load"]}
-    assert load[("from_pretrained", 0)]["held_numel"] == 0
-    assert load[("from_pretrained", 0)]["partitioned"] == load[("from_pretrained", 0)]["parameters"]
-    assert load[("get_peft_model", 0)]["lora_held"] == m["lora_trainable_params"]
-    assert load[("deepspeed.initialize", 0)]["partitioned"] == load[("deepspeed.initialize", 0)]["parameters"]
+    load = {(z.phase, z.rank): z for z in as_records(m["zero3_load"], Zero3Load)}
+    assert load[("from_pretrained", 0)].held_numel == 0
+    assert load[("from_pretrained", 0)].partitioned == load[("from_pretrained", 0)].parameters
+    assert load[("get_peft_model", 0)].lora_held == m["lora_trainable_params"]
+    assert load[("deepspeed.initialize", 0)].partitioned == load[("deepspeed.initialize", 0)].parameters
     # the pitfall: saved without a gather, the partitioned lora_B tensors are empty, the persistent lora_A whole
     assert m["adapter_saved_empty_without_gather"] is True
     assert m["empty_without_gather"] and all("lora_B" in k for k in m["empty_without_gather"])
@@ -61,7 +63,7 @@ def test_lora_accounting_saving_and_hand_off():
     assert m["hand_off"]["adapter_vs_base"] >= 1e-3, "training changed the logits: the comparisons above can fail"
     assert m["hand_off"]["merged_is_plain_gpt2"] and m["hand_off"]["lora_modules_left"] == 0
     # what the adapter does not save: activations scale with the tokens, and LoRA keeps most of full's
-    acts = {(a["kind"], a["micro_batch"]): a["saved_bytes"] for a in m["activations"]}
+    acts = {(a.kind, a.micro_batch): a.saved_bytes for a in as_records(m["activations"], Activations)}
     small, large = sorted({mb for _, mb in acts})
     assert acts[("lora", large)] == pytest.approx(acts[("lora", small)] * large / small, rel=0.1)
     assert 0.5 * acts[("full", small)] < acts[("lora", small)] < acts[("full", small)]

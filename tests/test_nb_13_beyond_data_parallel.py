@@ -3,6 +3,8 @@ against one rank, ZeRO-1/2), Ulysses attention on 2 and 4 ranks, AutoTP, and ZeR
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.parallel import PipeZero, StageStream
 
 NAME = "13_beyond_data_parallel"
 pytestmark = pytest.mark.notebook
@@ -27,8 +29,8 @@ def test_pipeline_sequence_tensor_and_zeropp():
     assert m["pipeline_loss_max_abs_diff"] <= m["pipeline_loss_tolerance"] <= 1e-5
     assert m["pipeline_zero1_error"] == ""
     assert "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" in m["pipeline_zero2_error"]
-    state = {(r["stage"], r["pipe_stage"]): r["optimizer_state_bytes"] / r["stage_parameters"]
-             for r in m["pipeline_zero1_state"]}
+    state = {(r.stage, r.pipe_stage): r.optimizer_state_bytes / r.stage_parameters
+             for r in as_records(m["pipeline_zero1_state"], PipeZero)}
     assert all(state[(0, s)] == pytest.approx(8) and state[(1, s)] == pytest.approx(4, rel=0.01) for s in (0, 1))
     parts = m["pipeline_partitions"]
     assert parts["uniform (as given)"][1] == 0 and min(parts["yours"]) >= 0.4 * sum(parts["yours"])
@@ -55,6 +57,6 @@ def test_replay_with_equal_times_and_free_hand_overs_gives_the_formula():
         for stage in (0, 1):
             steps = pp.schedule(m, 2, stage)
             durations = [{"ForwardPass": 1.0, "BackwardPass": 2.0}.get(c.split("(")[0], 0.0) for s in steps for c in s]
-            records.append({"name": pp.StageStream.NAME, "rank": stage, "value": {
+            records.append({"name": StageStream.NAME, "rank": stage, "value": {
                 "m": m, "stage": stage, "executed": steps, "scheduled": steps, "durations": durations}})
         assert replayed_idle(records, m) == pytest.approx({0: 1 / (m + 1), 1: 1 / (m + 1)})

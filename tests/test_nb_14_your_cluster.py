@@ -5,6 +5,8 @@ full notebook and in tests/test_slurm.py, not in the smoke run.)"""
 import pytest
 
 from conftest import run_notebook
+from course_utils.common.record import as_records
+from course_utils.common.records.slurm import SlurmRank
 from course_utils.kernel.launch import slurm
 
 NAME = "14_your_cluster"
@@ -13,8 +15,12 @@ pytestmark = [pytest.mark.notebook,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm cluster here: {WHY_NOT}")]
 
 
+def _ranks(launch: dict) -> list[SlurmRank]:
+    return as_records(launch["ranks"], SlurmRank)
+
+
 def _by_rank(launch: dict) -> list[tuple]:
-    return [(r["rank"], r["node"], r["world_size"]) for r in launch["ranks"]]
+    return [(r.rank, r.node, r.world_size) for r in _ranks(launch)]
 
 
 def test_deepspeed_under_slurm_three_ways_and_the_drills():
@@ -24,20 +30,20 @@ def test_deepspeed_under_slurm_three_ways_and_the_drills():
     for way in ("srun", "slurm (fixed)", "openmpi"):       # one rank on each Slurm node, one world of 2
         assert launches[way]["exit_code"] == 0, (way, launches[way])
         assert _by_rank(launches[way]) == [(0, "n1", 2), (1, "n2", 2)], way
-        assert {r["all_reduce"] for r in launches[way]["ranks"]} == {1.0 + 2.0}, way
+        assert {r.all_reduce for r in _ranks(launches[way])} == {1.0 + 2.0}, way
     # srun + --no_ssh: DeepSpeed's launcher on each node gave the node rank Slurm numbered
-    assert [(r["node_rank"], r["slurm_nodeid"], r["local_rank"]) for r in launches["srun"]["ranks"]] == [(0, 0, 0), (1, 1, 0)]
+    assert [(r.node_rank, r.slurm_nodeid, r.local_rank) for r in _ranks(launches["srun"])] == [(0, 0, 0), (1, 1, 0)]
     assert "--no_ssh --node_rank=$SLURM_NODEID" in launches["srun"]["command"]
     # --launcher slurm without PMI: Open MPI cannot start under srun; with exercise 2's option MPI discovery places the ranks,
     # no node rank, and the local rank counted by host name (both nodes are this machine)
     assert launches["slurm"]["exit_code"] != 0 and not launches["slurm"]["ranks"]
     assert "srun" in launches["slurm"]["error"]
     for way in ("slurm (fixed)", "openmpi"):
-        assert [(r["node_rank"], r["local_rank"]) for r in launches[way]["ranks"]] == [(None, 0), (None, 1)], way
-        assert {r["master_addr"] for r in launches[way]["ranks"]} != {"127.0.0.1"}, "MPI discovery's own address"
+        assert [(r.node_rank, r.local_rank) for r in _ranks(launches[way])] == [(None, 0), (None, 1)], way
+        assert {r.master_addr for r in _ranks(launches[way])} != {"127.0.0.1"}, "MPI discovery's own address"
     # the exercise's batch job, the crash, the drained node
     assert m["sbatch_job_state"] == "COMPLETED"
-    assert sorted((r["node"], r["node_rank"]) for r in m["sbatch_ranks"]) == [("n1", 0), ("n2", 1)]
+    assert sorted((r.node, r.node_rank) for r in as_records(m["sbatch_ranks"], SlurmRank)) == [("n1", 0), ("n2", 1)]
     assert m["crash_exit_code"] != 0 and m["crash_first_failing_rank"] == 1
     assert "n2: task 1: Exited with exit code 1" in m["crash_srun_line"]
     assert "ReqNodeNotAvail" in m["drained_pending_reason"]

@@ -3,8 +3,10 @@ from types import SimpleNamespace
 
 import torch
 
-from course_utils.kernel import configs, scripts
+from course_utils.kernel import configs
+from script_modules import load_script
 from course_utils.common import paths
+from course_utils.common.records.precision import GRAD_MESSAGE_MIN_BYTES, EngineDtypes, EngineLr
 from course_utils.rank import trainer
 from course_utils.rank.data import random_batch
 from course_utils.rank.engine import dtype_name
@@ -33,26 +35,24 @@ def test_doublings_count_the_clean_steps_before_each():
 
 
 def test_communication_table_divides_the_gradient_bytes_by_psi():
-    s = scripts.load("06_mixed_precision")
-    row = s.EngineDtypes(precision="bf16", module="bfloat16", master="float32", grad="bfloat16", forward="bfloat16",
-                         loss_scale=1.0, psi=300, grad_allreduce_bytes=600,
-                         messages={"all_reduce": {"600": 1, "1": 1, "4": 1}, "all_gather_into_tensor": {"300": 1}})
+    row = EngineDtypes(precision="bf16", module="bfloat16", master="float32", grad="bfloat16", forward="bfloat16",
+                       loss_scale=1.0, psi=300, grad_allreduce_bytes=600,
+                       messages={"all_reduce": {"600": 1, "1": 1, "4": 1}, "all_gather_into_tensor": {"300": 1}})
     [out] = precision.communication_table([row])
     assert out["bytes per element"] == 2.0 and out["all_gather bytes (this rank's shard)"] == 300
-    assert out[f"all_reduce < {s.GRAD_MESSAGE_MIN_BYTES} B (bytes: count)"] == {"1": 1, "4": 1}
+    assert out[f"all_reduce < {GRAD_MESSAGE_MIN_BYTES} B (bytes: count)"] == {"1": 1, "4": 1}
     assert not any("apex" in key for key in precision.precision_support()), "DeepSpeed 0.19 has no amp section"
 
 
 def test_lr_table_marks_the_forced_steps():
-    run = scripts.load("06_mixed_precision").EngineLr(precision="bf16", inf_rank=1, inf_steps=[0], lr_start=0.0,
-                                                       overflow=[True, False], skipped_steps=[1, 1],
-                                                       scheduler_iteration=[-1, 0], lr=[0.0, 0.0])
+    run = EngineLr(precision="bf16", inf_rank=1, inf_steps=[0], lr_start=0.0, overflow=[True, False],
+                   skipped_steps=[1, 1], scheduler_iteration=[-1, 0], lr=[0.0, 0.0])
     rows = precision.lr_table(run)
     assert [r["rank 1's loss × inf"] for r in rows] == [True, False] and rows[1]["scheduler iteration"] == 0
 
 
 def test_06_precision_and_scheduler_configs():
-    s = scripts.load("06_mixed_precision")
+    s = load_script("06_mixed_precision")
     base = read_config(paths.CONFIGS / "06_loss_scaling.json")
     autocast = s.precision_config(base, "torch_autocast bf16")
     assert autocast["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
@@ -107,9 +107,10 @@ def test_07_schedule_ends_and_matrix_rows():
     assert ends["decay"] == {"step 0": 0.0, "step 1": 0.0, "peak": 1.0, "peak at step": 3, "last": 0.2,
                              "flat from step": 5}
     assert ends["grow"]["flat from step"] == 2
-    combo = scripts.load("07_trainer_matrix").Combo
-    rows = schedules.matrix_table({"ds_opt+hf_sched": combo(key="ds_opt+hf_sched", outcome="ok"),
-                                   "hf_opt+hf_sched+offload [optim=sgd]": combo(
+    from course_utils.common.records.schedules import Combo
+
+    rows = schedules.matrix_table({"ds_opt+hf_sched": Combo(key="ds_opt+hf_sched", outcome="ok"),
+                                   "hf_opt+hf_sched+offload [optim=sgd]": Combo(
                                        key="hf_opt+hf_sched+offload [optim=sgd]", outcome="ok", variant="optim=sgd",
                                        optimizer_class="DeepSpeedCPUAdam", adam_w_mode=False)})
     assert [(r["optimizer"], r["scheduler"], r["offload"], r["documented"]) for r in rows] == [
@@ -120,7 +121,7 @@ def test_07_schedule_ends_and_matrix_rows():
 def test_07_optimizer_and_scheduler_sections():
     from course_utils.rank.optimizers import ADAM_CASES, OPTIMIZERS, decay_end, scheduler_sections
 
-    s = scripts.load("07_optimizers_and_schedulers")
+    s = load_script("07_optimizers_and_schedulers")
     base = {"train_micro_batch_size_per_gpu": 8}
     for (torch_adam, offload), label in ADAM_CASES.items():
         cfg = s.optimizer_config(base, label)

@@ -48,20 +48,24 @@ def test_plain_values_and_terminal_output(capsys, monkeypatch):
 
 
 def test_every_record_name_is_declared_once():
-    """Record classes of the rank modules and of every script: one class per record name."""
+    """Record classes wherever they are declared (the declarations, the rank modules, the scripts): one class per
+    record name, and every one of them in course_utils/common/records/."""
     import importlib
     import inspect
 
     from course_utils.common import paths
-    from course_utils.kernel import scripts
+    from script_modules import load_script
 
     modules = [importlib.import_module(f"course_utils.rank.{p.stem}") for p in (paths.ROOT / "course_utils" / "rank").glob("*.py")]
-    modules += [scripts.load(p.stem) for p in sorted(paths.SCRIPTS.glob("[0-9]*.py"))]
+    modules += [load_script(p.stem) for p in sorted(paths.SCRIPTS.glob("[0-9]*.py"))]
+    modules += [importlib.import_module(f"course_utils.common.records.{p.stem}")
+                for p in sorted((paths.ROOT / "course_utils" / "common" / "records").glob("[!_]*.py"))]
     declared = {}
     for module in modules:
         for cls in vars(module).values():
             if inspect.isclass(cls) and issubclass(cls, Record) and cls is not Record and cls.__module__ == module.__name__:
                 assert cls.NAME not in declared, f"{cls.NAME!r} declared by {declared.get(cls.NAME)} and {cls}"
+                assert cls.__module__.startswith("course_utils.common.records."), f"{cls} is declared outside common/records/"
                 declared[cls.NAME] = cls
     assert {"rung", "zero_memory", "bucket", "ring", "trace", "combo", "optimizer", "lr_curve", "collectives",
             "auto_fills", "engine_view", "generation"} <= set(declared)

@@ -8,13 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_utils.kernel import checks, scripts
+from course_utils.kernel import checks
+from script_modules import load_script
 from course_utils.common import paths
 from course_utils.rank import data
 from course_utils.rank.distributed import gather_predictions
-from course_utils.common.zero_rules import LADDER
 from course_utils.rank.memory import TensorEntry
 from course_utils.common.record import plain, read_as
+from course_utils.common.records.offload import Rung
 from course_utils.rank.scaffolding import load_config, load_exercise, parse_args, read_config
 
 SCRIPTS = sorted(p.stem for p in paths.SCRIPTS.glob("[0-9]*.py"))
@@ -24,19 +25,19 @@ REQUIRED = {"01_ring": ["--ring_file", "ring.py"], "09_checkpoints": ["--mode", 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_imports_without_running_and_parses_what_the_runner_passes(name):
-    module = scripts.load(name)
+    module = load_script(name)
     assert inspect.signature(module.main).parameters["argv"].default is None
     source = (paths.SCRIPTS / f"{name}.py").read_text()
     assert source.rstrip().endswith('if __name__ == "__main__":\n    main()'), "work only in main()"
     args = parse_args(module.build_parser(), REQUIRED.get(name, []) + ["--local_rank", "1",
                                                                      "--deepspeed_config", "configs/zero0.json"])
     assert args.local_rank == 1 and args.deepspeed_config == "configs/zero0.json"
-    assert scripts.load(name) is module, "loaded once per process"
+    assert load_script(name) is module, "loaded once per process"
 
 
 def test_load_names_a_missing_script():
     with pytest.raises(FileNotFoundError, match="04_offload_ladder"):
-        scripts.load("04_offload_ladders")
+        load_script("04_offload_ladders")
 
 
 def _entry(category: str, nbytes: int, device: str = "cpu") -> TensorEntry:
@@ -48,11 +49,11 @@ INVENTORY = [_entry("params", 400), _entry("grads", 200), _entry("optimizer", 16
 
 
 def _held(inventory: list[TensorEntry], optimizer: str = "DeepSpeedZeroOptimizer", inner: str | None = "DeepSpeedCPUAdam"):
-    return scripts.load("04_offload_ladder").holdings(inventory, optimizer, inner)
+    return load_script("04_offload_ladder").holdings(inventory, optimizer, inner)
 
 
 def test_04_holdings_name_deepspeeds_structures():
-    s = scripts.load("04_offload_ladder")
+    s = load_script("04_offload_ladder")
     inventory = [TensorEntry("optimizer.optimizer.state[<param>]['exp_avg']", "optimizer", "float32", 10, 40, "cpu"),
                  TensorEntry("optimizer.optimizer.state[<param>]['exp_avg']", "optimizer", "float32", 10, 40, "cpu"),
                  TensorEntry("optimizer.single_partition_of_fp32_groups[0]", "optimizer", "float32", 10, 40, "cuda:0"),
@@ -68,7 +69,7 @@ def test_04_holdings_name_deepspeeds_structures():
 
 
 def test_04_rung_record_from_fake_measurements(tmp_path):
-    s = scripts.load("04_offload_ladder")
+    s = load_script("04_offload_ladder")
     (tmp_path / "zero_stage_3" / "optimizer").mkdir(parents=True)
     (tmp_path / "zero_stage_3" / "optimizer" / "a.swp").write_bytes(b"")
     common = dict(rank=0, dtype="fp32", step_times=[0.3, 0.1, 0.2], held=_held(INVENTORY), accelerator="cpu",
@@ -81,11 +82,11 @@ def test_04_rung_record_from_fake_measurements(tmp_path):
     assert rung.swap_files == ["zero_stage_3/optimizer/a.swp"]
     assert s.make_rung("stage 2", **common).swap_files is None
     line = json.loads(json.dumps({"name": "rung", "rank": 0, "value": plain(rung)}))   # as the runner reads it back
-    assert read_as([line], s.Rung) == [rung]
+    assert read_as([line], Rung) == [rung]
 
 
 def test_04_gpu_placement_follows_the_tensors_devices():
-    s = scripts.load("04_offload_ladder")
+    s = load_script("04_offload_ladder")
     inventory = [_entry("params", 400, "cuda:0"), _entry("grads", 200, "cpu"), _entry("optimizer", 1600, "cpu"),
                  _entry("buffers", 64, "cuda:0")]
     rung = s.make_rung("stage 2 + offload", rank=0, dtype="bf16", step_times=[1.0], held=_held(inventory),
@@ -95,13 +96,13 @@ def test_04_gpu_placement_follows_the_tensors_devices():
 
 
 def test_05_bucket_record_counts_buffers_only():
-    bucket = scripts.load("05_bucket_memory").bucket_record(1e6, "bf16", 1, INVENTORY)
+    bucket = load_script("05_bucket_memory").bucket_record(1e6, "bf16", 1, INVENTORY)
     assert bucket.buffer_bytes == 64 and bucket.buffers == [{"path": "x.buffers", "numel": 16, "nbytes": 64}]
     assert bucket.model_states["model_states"] == 2200
 
 
 def test_01_ring_record_compares_with_all_reduce():
-    s = scripts.load("01_ring")
+    s = load_script("01_ring")
     reference = torch.arange(8, dtype=torch.float32)
     ring = s.ring_result(0, 4, reference.clone(), reference, {"bytes": 48, "messages": 6})
     assert ring.matches and ring.max_abs_diff == 0.0
@@ -110,7 +111,7 @@ def test_01_ring_record_compares_with_all_reduce():
 
 
 def test_02_learner_functions_replace_only_what_the_exercise_file_defines(tmp_path):
-    s = scripts.load("02_train")
+    s = load_script("02_train")
     assert s.learner_functions([]) == {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions}
 
     def shard_loader(dataset, batch_size, rank, world_size, shuffle=False, seed=0):
@@ -124,14 +125,14 @@ def test_02_learner_functions_replace_only_what_the_exercise_file_defines(tmp_pa
 
 
 def test_03_persistent_parameters_only_count_in_stage_3():
-    s = scripts.load("03_zero_memory")
+    s = load_script("03_zero_memory")
     module = SimpleNamespace(parameters=lambda: [SimpleNamespace(ds_numel=n) for n in (10, 1000, 50)])
     assert s.persistent_numel(module, 3, 100) == 60
     assert s.persistent_numel(module, 2, 100) == 0
 
 
 def test_06_precision_configs_change_only_the_precision():
-    s = scripts.load("06_mixed_precision")
+    s = load_script("06_mixed_precision")
     base = read_config(paths.CONFIGS / "06_loss_scaling.json")
     configs = {name: s.precision_config(base, name) for name in s.PRECISIONS}
     assert "fp16" not in configs["fp32"] and "bf16" not in configs["fp32"] and "scheduler" not in configs["fp32"]
@@ -145,7 +146,7 @@ def test_06_precision_configs_change_only_the_precision():
 
 
 def test_07_optimizer_and_scheduler_configs_leave_the_base_alone():
-    s = scripts.load("07_optimizers_and_schedulers")
+    s = load_script("07_optimizers_and_schedulers")
     base = read_config(paths.CONFIGS / "07_base.json")
     before = json.dumps(base, sort_keys=True)
     offload = s.optimizer_config(base, "Adam + offload")
@@ -155,14 +156,14 @@ def test_07_optimizer_and_scheduler_configs_leave_the_base_alone():
 
 
 def test_08_every_trainer_run_shares_the_settings():
-    s = scripts.load("08_trainer_integration")
+    s = load_script("08_trainer_integration")
     args = parse_args(s.build_parser(), ["--steps", "7", "--learning_rate", "0.5"])
     settings = s.trainer_settings(args)
     assert settings["max_steps"] == 7 and settings["learning_rate"] == 0.5 and settings["gradient_accumulation_steps"] == 2
 
 
 def test_09_engine_config_sets_the_stage_and_universal_loading():
-    s = scripts.load("09_checkpoints")
+    s = load_script("09_checkpoints")
     args = parse_args(s.build_parser(), ["--mode", "layout", "--out", "o", "--deepspeed_config",
                                          str(paths.CONFIGS / "09_checkpoints.json")])
     base = load_config(args)
@@ -176,7 +177,7 @@ def test_09_engine_config_sets_the_stage_and_universal_loading():
 def test_10_evaluation_gives_every_rank_one_equal_batch():
     from datasets import Dataset
 
-    s = scripts.load("10_translation")
+    s = load_script("10_translation")
     split = Dataset.from_dict({"translation": [{"src": str(i), "tgt": str(i)} for i in range(7)]})
     examples, batch = s.evaluation_split(split, 2)
     assert (len(examples), batch) == (6, 3), "the remainder of an uneven split is left out"
@@ -184,8 +185,10 @@ def test_10_evaluation_gives_every_rank_one_equal_batch():
     with pytest.raises(ValueError, match="at least 8"):
         s.evaluation_split(split, 8)
     assert len(s.first(split, 3)) == 3 and len(s.first(split, None)) == 7 and len(s.first(split, 99)) == 7
-    record = {"name": "generation", "rank": 0, "value": plain(s.Generation(batch_size=batch, max_length=64, examples=6))}
-    assert read_as([record], s.Generation)[0].examples == 6
+    from course_utils.common.records.translation import Generation
+
+    record = {"name": "generation", "rank": 0, "value": plain(Generation(batch_size=batch, max_length=64, examples=6))}
+    assert read_as([record], Generation)[0].examples == 6
 
 
 def test_scripts_load_their_config_through_one_helper():
@@ -198,7 +201,7 @@ def test_scripts_load_their_config_through_one_helper():
 def test_11_every_accumulation_split_trains_on_the_same_samples_with_plain_sgd():
     from course_utils.rank import perf
 
-    s = scripts.load("11_performance")
+    s = load_script("11_performance")
     world = 2
     for step in range(2):
         splits = {(micro, gas): torch.cat([torch.cat(perf.micro_batches(step, r, world, micro, gas))

@@ -98,9 +98,8 @@ def test_cluster_starts_runs_deepspeed_on_both_nodes_and_stops_clean():
         run = slurm_launch.launch(cluster, "srun", timeout=120, quiet=True)
         assert run.returncode == 0, run.output[-3000:]
         ranks = run.ranks
-        assert [(r["rank"], r["node_rank"], r["node"], r["world_size"]) for r in ranks] == \
-            [(0, 0, "n1", 2), (1, 1, "n2", 2)]
-        assert {r["all_reduce"] for r in ranks} == {1.0 + 2.0}
+        assert [(r.rank, r.node_rank, r.node, r.world_size) for r in ranks] == [(0, 0, "n1", 2), (1, 1, "n2", 2)]
+        assert {r.all_reduce for r in ranks} == {1.0 + 2.0}
         assert not run_processes(run.run_dir)
 
         cluster.command("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=course_test")

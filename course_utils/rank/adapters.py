@@ -1,20 +1,20 @@
 """LoRA adapters (``peft``) under ZeRO, inside a rank (notebook 12): the adapter the notebook trains, the data,
-the model-state formula with frozen weights, saving an adapter whose parameters ZeRO-3 partitioned, and the records
-``scripts/12_adapters.py`` writes (declared here, so the notebook reads them without importing DeepSpeed).
+the model-state formula with frozen weights, saving an adapter whose parameters ZeRO-3 partitioned (the records
+``scripts/12_adapters.py`` writes are declared in :mod:`course_utils.common.records.adapters`).
 
 The model is ``models.tiny_gpt2("checkpoints")`` (no dropout, so a step depends only on weights, optimizer
 state and batch) with the learnable sequences of :func:`data.sample`. Nothing heavy is imported at the top:
-the notebook uses :func:`expected_bytes` and the records as they are.
+the notebook uses :func:`expected_bytes` as it is.
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from course_utils.common import run_folder
-from course_utils.common.record import Record, record
+from course_utils.common.record import record
+from course_utils.common.records.adapters import Saved, Zero3Load
 from course_utils.rank.scaffolding import scratch_dir
 
 PRESET = "checkpoints"          # tiny_gpt2 preset: GPT-2 classes, 64 wide, 2 blocks, no dropout
@@ -149,80 +149,7 @@ def saved_activation_bytes(model, ids) -> int:
     return sum(kept.values())
 
 
-# ---------------------------------------------------------------- what scripts/12_adapters.py records
-
-@dataclass
-class AdapterMemory(Record, name="adapter_memory"):
-    """One rank's model states after a backward (gradients held, Adam's states present), full or LoRA."""
-    stage: int
-    kind: str                     # "full", "lora", or "exercise" (exercise 1's adapter)
-    r: int
-    targets: list
-    rank: int
-    world_size: int
-    total: int                    # parameters, each once (ds_numel under stage 3)
-    trainable: int
-    peft_trainable: int           # peft's own count (get_nb_trainable_parameters)
-    measured: dict                # model_state_bytes: params, grads, optimizer, buffers, model_states
-    persistent_numel: int         # stage 3: elements of the parameters kept whole on every rank
-    grad_partition_numel: int     # stage 2: elements of the whole trainable parameters touching this rank's partition
-    messages: dict                # rank's collectives of one step (comms logger): op → {message bytes: count}
-
-
-@dataclass
-class Activations(Record, name="activations"):
-    """What autograd keeps for backward in one forward of the plain model (no DeepSpeed), full or LoRA."""
-    kind: str
-    trainable: int
-    micro_batch: int
-    tokens: int
-    saved_bytes: int
-
-
-@dataclass
-class Losses(Record, name="losses"):
-    label: str
-    losses: list                  # mean over the ranks of each step's loss
-
-
-@dataclass
-class TokenCount(Record, name="token_count"):
-    """How the Trainer counted the tokens it divides the summed loss by: over labels[..., 1:] or all labels."""
-    label: str
-    loss_type: str
-    shifts_labels: bool
-
-
-@dataclass
-class AdapterState(Record, name="adapter_state"):
-    """What ``get_peft_model_state_dict`` holds for each LoRA tensor on one rank, outside any gather."""
-    rank: int
-    tensors: list                 # adapter_view rows
-
-
 # ---------------------------------------------------------------- files every rank reads, and what ZeRO-3 holds
-
-@dataclass
-class Zero3Load(Record, name="adapter_zero3_load"):
-    """What one rank holds of the model at a point of loading it under ZeRO-3 (elements)."""
-    rank: int
-    phase: str
-    full_numel: int               # every parameter, whole
-    held_numel: int               # what the parameters' .data hold on this rank
-    shard_numel: int              # this rank's partitions (ds_tensor)
-    partitioned: int              # parameters ZeRO-3 manages (they carry a ds_id)
-    parameters: int
-    lora_held: int                # elements the LoRA parameters' .data hold
-    lora_numel: int
-
-
-@dataclass
-class Saved(Record, name="adapter_saved"):
-    """An adapter folder rank 0 wrote, and what peft warned while writing it."""
-    label: str
-    folder: str
-    warnings: list
-
 
 def shared_folder(name: str) -> Path:
     """A folder every rank can read: inside the launch's run folder, where it stays for the notebook to read

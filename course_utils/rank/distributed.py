@@ -11,30 +11,9 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from course_utils.common.record import Record
-
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "reduce_scatter", "all_gather", "barrier")
-
-
-@dataclass
-class Identity(Record, name="identity"):
-    """Who a rank is, as the ``deepspeed`` launcher told it, plus what it runs on once joined."""
-    node_rank: int
-    local_rank: int
-    rank: int
-    world_size: int
-    local_size: int
-    master_addr: str | None
-    master_port: int
-    host: str
-    pid: int
-    argv: list            # the command-line arguments this rank's script received (sys.argv[1:])
-    backend: str | None = None
-    device: str | None = None
-    ssh_host: str | None = None   # the address ssh reached this rank's node at; None when started without ssh
+from course_utils.common.records.collectives import AllReduceTime, CollectiveRow, Identity, ZeroCollectives
 
 
 def rank_identity() -> Identity:
@@ -83,16 +62,6 @@ def choose_device(local_rank: int, local_size: int, cpu: bool = False) -> tuple[
 
 def _values(t) -> list:
     return [round(float(x), 4) for x in t.flatten().tolist()]
-
-
-@dataclass
-class CollectiveRow(Record, name="collectives"):
-    """One collective on one rank: its tensor before and after, and how it was done."""
-    collective: str
-    rank: int
-    before: list
-    after: list
-    how: str
 
 
 def run_collectives(device: str) -> list[CollectiveRow]:
@@ -180,16 +149,6 @@ def reduce_scatter(t) -> tuple[Any, str]:
     return result, "; ".join(notes)
 
 
-@dataclass
-class ZeroCollectives(Record, name="zero_collectives"):
-    """The collectives one phase of a ZeRO training step called on one rank, as DeepSpeed's comms
-    logger saw them (every op that goes through ``deepspeed.comm``)."""
-    stage: int
-    rank: int
-    phase: str            # forward | backward | step
-    calls: dict           # op name → number of calls
-
-
 def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
     """Build a small two-layer model with ZeRO ``stage`` and ``"reduce_scatter": true`` (its default),
     take one training step, and record which collectives each phase (forward, backward, step) called,
@@ -227,15 +186,6 @@ def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
     finally:
         engine.destroy()
     return rows
-
-
-@dataclass
-class AllReduceTime(Record, name="all_reduce_times"):
-    """Median seconds of one all_reduce message size."""
-    elements: int
-    bytes: int
-    seconds: float
-    gbytes_per_s: float
 
 
 def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[AllReduceTime]:

@@ -122,3 +122,15 @@ def engine_dtypes(engine: Any) -> dict[str, str | None]:
             "master": dtype_name(master[0].dtype) if master else None,
             "grad": dtype_name(grad.dtype) if grad is not None else None,
             "communication": dtype_name(engine.communication_data_type)}
+
+
+def scaler_for(fp16: dict):
+    """DeepSpeed's own scaler for an "fp16" config section, built as the ZeRO optimizer builds it."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+
+    if fp16.get("loss_scale", 0) == 0:
+        return DynamicLossScaler(init_scale=2.0 ** fp16["initial_scale_power"], scale_window=fp16["loss_scale_window"],
+                                 min_scale=fp16["min_loss_scale"], delayed_shift=fp16["hysteresis"],
+                                 consecutive_hysteresis=fp16.get("consecutive_hysteresis", False),
+                                 raise_error_at_min_scale=False)
+    return LossScaler(scale=fp16["loss_scale"])

@@ -9,74 +9,10 @@ measured is what DeepSpeed executed, not a model of it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
-from course_utils.common.record import Record
 
 WIDTH = 256         # features of each block (Linear → GELU → Linear)
 BLOCKS = 8          # blocks of the model: half on each of 2 stages
 MICRO = 128         # samples per micro-batch
-
-
-@dataclass
-class Bubble(Record, name="pipeline_bubble_row"):
-    """One stage's idle share of a ``train_batch`` of ``m`` micro-batches (median over batches)."""
-    m: int
-    stages: int
-    stage: int
-    idle_share: float            # 1 − (forward + backward time) / pipeline window: median over the timed batches
-    last_share: float            # the same for the last batch, whose instruction stream is recorded
-    formula: float               # (p − 1) / (m + p − 1)
-    busy_ms: float
-    window_ms: float
-    idle_steps: int              # schedule steps in which this stage ran no forward or backward pass
-    steps: int                   # schedule steps of the batch: 2 (m + p − 1)
-    in_flight: int               # most micro-batches whose activations this stage held at once
-    by_instruction: dict         # milliseconds spent in each instruction type (one batch)
-
-
-@dataclass
-class StageStream(Record, name="pipeline_stream"):
-    """The instructions one stage executed in one ``train_batch`` (names and buffer ids), step by step."""
-    m: int
-    stage: int
-    executed: list
-    scheduled: list              # what TrainSchedule yields for this stage, for comparison
-    durations: list              # milliseconds of each executed instruction, in order
-
-
-@dataclass
-class StageBytes(Record, name="pipeline_p2p_bytes"):
-    """What one stage sent to its neighbour in one ``train_batch``, by instruction."""
-    m: int
-    stage: int
-    sent: dict                   # instruction → bytes
-    activation_shape: list       # (micro-batch, width): the tensor crossing the stage boundary
-    element_bytes: int
-
-
-@dataclass
-class PipeZero(Record, name="pipeline_zero_state"):
-    """One rank of a pipeline with data-parallel replicas: what its optimizer holds at a ZeRO stage."""
-    stage: int
-    pipe_stage: int
-    data_parallel: int
-    stage_parameters: int
-    optimizer_state_bytes: int
-
-
-@dataclass
-class Partition(Record, name="pipeline_partition"):
-    """The parameters each stage of a ``PipelineModule`` holds, for the partition ``label``."""
-    label: str
-    layers: list                 # layers per stage
-    parameters: list             # parameters per stage
-
-
-@dataclass
-class PipeLosses(Record, name="pipeline_losses"):
-    label: str
-    losses: list = field(default_factory=list)
 
 
 def block(width: int = WIDTH):

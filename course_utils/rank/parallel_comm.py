@@ -10,42 +10,9 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from course_utils.common.record import Record
+from course_utils.common.records.parallel import Gathers, TensorParallel, Ulysses
 
 HEADS, HEAD_DIM, SEQ, BATCH = 4, 16, 64, 2      # attention of Ulysses' check: 64 wide, 64 tokens, 2 sequences
-
-
-@dataclass
-class Ulysses(Record, name="ulysses_attention"):
-    p: int
-    max_abs_diff: float          # this rank's output against whole-sequence attention on one rank
-    local_shape: list            # what the local attention saw: (batch, whole sequence, heads / p, head dim)
-    forward_alltoall: dict       # message bytes → count, forward pass
-    backward_alltoall: dict      # message bytes → count, backward pass
-    shape: list                  # (batch, sequence, heads, head dim) of q, k and v, whole
-    element_bytes: int
-
-
-@dataclass
-class TensorParallel(Record, name="autotp"):
-    model: str
-    error: str                   # DeepSpeed's own message ("" when it ran)
-    split: dict                  # weight name → [whole shape, this rank's shape] (the weights it split)
-    kept: list                   # weights it kept whole on every rank
-    rank_bytes: int              # this rank's parameter bytes
-    whole_bytes: int             # the unsplit model's
-    max_abs_diff: float          # logits against the unsplit model's (-1 when it did not run)
-
-
-@dataclass
-class Gathers(Record, name="hpz_gathers"):
-    label: str
-    intra_node: int              # bytes this rank received from ranks of its own node, one forward + backward
-    inter_node: int              # bytes it received from ranks of the other node
-    by_group_size: dict          # all-gather input bytes by the size of the group it ran in
-    shard_numel: int             # elements of this rank's primary shard of all parameters
 
 
 def local_attention(q, k, v, *args, **kwargs):

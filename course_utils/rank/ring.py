@@ -7,10 +7,9 @@ the exercise is not written); the notebook draws the trace with :func:`course_ut
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from course_utils.common.record import Record
+from course_utils.common.records.collectives import RingStep
 
 
 @contextlib.contextmanager
@@ -75,20 +74,6 @@ def count_sent_bytes() -> Iterator[dict[str, int]]:
 def ring_bytes_expected(tensor_bytes: int, world_size: int) -> float:
     """Bytes each rank sends in a ring all-reduce: 2(N−1) steps of one S/N chunk each."""
     return 2 * (world_size - 1) / world_size * tensor_bytes
-
-
-@dataclass
-class RingStep(Record, name="ring_step"):
-    """One rank after one step of its ring (step 0: before the first send). A chunk's value says whose
-    data it holds: rank r started with 2**r in every element."""
-    rank: int
-    step: int
-    sent_chunk: int | None        # which of this rank's chunks it sent in this step (None: not one of them)
-    sent_to: int | None
-    sent: float | None            # the value it sent
-    received_from: int | None
-    received: float | None        # the value it received
-    held: list                    # every chunk's value after the step
 
 
 def _dst(args: tuple, kwargs: dict, key: str) -> int | None:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from dataclasses import dataclass
 from functools import partialmethod
 from typing import Any, Iterator
 
 import torch
 
-from course_utils.common.record import Record
+from course_utils.common.records.trainer import AutoFill
 
 
 def prepare_cpu_state() -> None:
@@ -109,15 +108,6 @@ def combo_config(base: dict, hf_opt: bool, hf_sched: bool, offload: bool) -> dic
 
 
 # ---- notebook 08: "auto", what the Trainer filled in and from which argument ---------------------
-
-@dataclass
-class AutoFill(Record, name="auto_fills"):
-    """One "auto" value the Trainer replaced: the dotted config key, the value, and the TrainingArguments
-    field it came from (or the quantity the Trainer computed)."""
-    key: str
-    value: Any
-    source: str
-
 
 @contextlib.contextmanager
 def recording_auto_fills() -> Iterator[list[AutoFill]]:

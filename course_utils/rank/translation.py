@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course_utils.common import paths
+from course_utils.common.records.translation import SOURCE_LANG, TARGET_LANG
 
-SOURCE_LANG, TARGET_LANG = "src", "tgt"
 SPECIALS = ["<pad>", "</s>", "<unk>"]          # T5's ids: pad 0 (also the decoder start), eos 1, unk 2
 
 

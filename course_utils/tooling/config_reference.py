@@ -181,7 +181,7 @@ def code_keys() -> set[str]:
     names = known_names()
     sources = [c.source for nb in notebooks() for c in nbformat.read(str(nb), as_version=4).cells if c.cell_type == "code"]
     sources += [p.read_text() for p in [*sorted(paths.SCRIPTS.glob("*.py")), *sorted((paths.ROOT / "course_utils" / "rank").glob("*.py")),
-                                            *sorted((paths.ROOT / "course_utils" / "common").glob("*.py"))]]
+                                            *sorted((paths.ROOT / "course_utils" / "common").rglob("*.py"))]]
     text = "\n".join(sources)
     return {path for name, path in names.items() if re.search(rf"[\"']{re.escape(name)}[\"']\s*[:\]]", text)}
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from course_utils.common import paths, run_folder
-from course_utils.common.record import read_records
+from course_utils.common.record import read_as, read_records
+from course_utils.common.records.slurm import SlurmRank
 from course_utils.kernel.launch.commands import deepspeed_cli, free_port, new_run_dir, resolve_script, write_hostfile
 from course_utils.kernel.launch.environment import rank_environment
 from course_utils.kernel.launch.processes import die_with_parent, end_run_processes, kill_group, release_shm_buffers
@@ -48,8 +49,8 @@ class SlurmLaunch:
     timed_out: bool = False
 
     @property
-    def ranks(self) -> list[dict]:
-        """Each rank's ``SlurmRank`` record (scripts/14_slurm_ranks.py), by rank."""
+    def ranks(self) -> list[SlurmRank]:
+        """Each rank's :class:`SlurmRank` record (scripts/14_slurm_ranks.py), by rank."""
         return ranks_of(self.records)
 
     def error(self, lines: int = 3) -> str:
@@ -68,10 +69,9 @@ def available(what: str) -> bool:
     return False
 
 
-def ranks_of(records: list[dict]) -> list[dict]:
-    """The ``SlurmRank`` records (scripts/14_slurm_ranks.py) among ``records``, by rank."""
-    return sorted((r["value"] for r in records if r["name"] == "slurm_rank"),
-                  key=lambda v: (v["rank"], v["slurm_procid"] or 0))
+def ranks_of(records: list[dict]) -> list[SlurmRank]:
+    """The :class:`SlurmRank` records (scripts/14_slurm_ranks.py) among ``records``, by rank."""
+    return sorted(read_as(records, SlurmRank, rank=None), key=lambda v: (v.rank, v.slurm_procid or 0))
 
 
 def launch_env(cluster: SlurmCluster, run_dir: Path, port: int, world_size: int = 2) -> dict[str, str]:
@@ -154,11 +154,11 @@ def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCR
     result = SlurmLaunch(way=way, command=shown(cmd), returncode=code,
                          output=output, records=read_records(run_dir), run_dir=run_dir,
                          seconds=time.monotonic() - started, timed_out=timed_out)
-    (run_dir / "launch.log").write_text(output)
+    run_folder.launch_log(run_dir).write_text(output)
     if not quiet:
         print(learner_lines(output), flush=True)
         print(f"→ {way}: exit code {result.returncode}{' (timed out)' if timed_out else ''}, {len(result.ranks)} "
-              f"rank record(s), {result.seconds:.1f} s; full output in {paths.relative(run_dir / 'launch.log')}")
+              f"rank record(s), {result.seconds:.1f} s; full output in {paths.relative(run_folder.launch_log(run_dir))}")
     return result
 
 
@@ -219,8 +219,8 @@ class BatchJob:
     script: Path
 
     @property
-    def ranks(self) -> list[dict]:
-        """The ranks' records (``SlurmRank``), read from the run folder now."""
+    def ranks(self) -> list[SlurmRank]:
+        """The ranks' records (:class:`SlurmRank`), read from the run folder now."""
         return ranks_of(read_records(self.run_dir))
 
     def outputs(self) -> dict[str, str]:

@@ -7,7 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from course_utils.rank.adapters import AdapterMemory, AdapterState, Zero3Load, expected_bytes
+from course_utils.common.records.adapters import AdapterMemory, AdapterState, Zero3Load
+from course_utils.rank.adapters import expected_bytes
 from course_utils.rank.comms import total_bytes
 from course_utils.common.record import read_as
 from course_utils.kernel.views.source import show_source  # noqa: F401  (the notebook quotes peft, transformers and DeepSpeed with it)
@@ -58,9 +59,9 @@ def comm_table(records: list[dict], min_bytes: int = 64) -> list[dict]:
     return out
 
 
-def load_table(records: list[dict]) -> list[dict]:
+def load_table(records: list[dict]) -> list[Zero3Load]:
     """What each rank held at each point of loading under ZeRO-3 (elements)."""
-    return [vars(z) for z in read_as(records, Zero3Load, rank=None)]
+    return read_as(records, Zero3Load, rank=None)
 
 
 def rank_state_table(records: list[dict]) -> list[dict]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from course_utils.kernel import scripts
 from course_utils.kernel.launch.commands import ENV_FILE
-from course_utils.rank.distributed import COLLECTIVES, AllReduceTime, CollectiveRow, Identity, ZeroCollectives
-from course_utils.rank.ring import RingStep
+from course_utils.common.records.collectives import (COLLECTIVES, AllReduceTime, CollectiveRow, Identity, RingStep,
+    TimingLoad, ZeroCollectives)
 from course_utils.common.record import read_as
 
 
@@ -126,7 +125,7 @@ def plot_all_reduce_times(rows: list[AllReduceTime], world_size: int, backend: s
 def timing_load(records: list[dict]) -> dict:
     """What else the machine ran while the ranks timed all_reduce (the ``timing_load`` records of
     scripts/01_collectives.py): CPU seconds of the ranks, of every other process, and the cores those took."""
-    loads = read_as(records, scripts.load("01_collectives").TimingLoad, rank=None)
+    loads = read_as(records, TimingLoad, rank=None)
     first = min(loads, key=lambda r: r.rank)          # rank 0's window stands for the launch (one machine)
     ranks_cpu = sum(r.own_cpu_s for r in loads)
     others = max(0.0, first.machine_busy_s - ranks_cpu)

@@ -2,9 +2,9 @@
 the decision table, read from the records of ``scripts/13_pipeline.py`` and ``scripts/13_zeropp.py``."""
 from __future__ import annotations
 
-from course_utils.rank import parallel as pp
-from course_utils.rank import parallel_comm as pc
 from course_utils.common.record import read_as
+from course_utils.common.records.parallel import Bubble, Gathers, StageBytes, StageStream, TensorParallel, Ulysses
+from course_utils.rank import parallel as pp
 
 from course_utils.kernel.views.source import show_source  # noqa: F401  (the notebook quotes DeepSpeed's pipeline engine with it)
 
@@ -23,8 +23,8 @@ def bubble_rows(records: list[dict]) -> list[dict]:
     and backward times make of the bubble, and what the hand-overs add; and the shares of the window this stage
     spent in its sends and its receives."""
     rows = []
-    replayed = {m: replayed_idle(records, m) for m in {b.m for b in read_as(records, pp.Bubble, rank=None)}}
-    for b in read_as(records, pp.Bubble, rank=None):
+    replayed = {m: replayed_idle(records, m) for m in {b.m for b in read_as(records, Bubble, rank=None)}}
+    for b in read_as(records, Bubble, rank=None):
         sends = sum(ms for name, ms in b.by_instruction.items() if name.startswith("Send"))
         receives = sum(ms for name, ms in b.by_instruction.items() if name.startswith("Recv"))
         rows.append({"m": b.m, "stage": b.stage, "idle_share": b.idle_share, "last_share": b.last_share,
@@ -42,7 +42,7 @@ def replayed_idle(records: list[dict], m: int) -> dict[int, float]:
     replayed with their measured forward and backward times, a send taking no time and a receive waiting only for
     the matching send of the neighbour (the k-th ``SendActivation`` feeds the k-th ``RecvActivation``, likewise for
     gradients). The window ends, as measured, with the last forward or backward of any stage."""
-    streams = {s.stage: s for s in read_as(records, pp.StageStream, rank=None) if s.m == m}
+    streams = {s.stage: s for s in read_as(records, StageStream, rank=None) if s.m == m}
     todo = {st: list(zip([c.split("(")[0] for step in s.executed for c in step], s.durations))
             for st, s in streams.items()}
     feeds = {"RecvActivation": "SendActivation", "RecvGrad": "SendGrad"}
@@ -90,7 +90,7 @@ def plot_bubble(rows: list[dict]):
 def p2p_rows(records: list[dict]) -> list[dict]:
     """Bytes each stage sent per ``train_batch`` against m × micro-batch × width × bytes per element."""
     rows = []
-    for s in read_as(records, pp.StageBytes, rank=None):
+    for s in read_as(records, StageBytes, rank=None):
         micro, width = s.activation_shape
         rows.append({"m": s.m, "stage": s.stage, **{k: v for k, v in s.sent.items()},
                      "formula": s.m * micro * width * s.element_bytes})
@@ -102,7 +102,7 @@ def ulysses_rows(*record_sets: list[dict]) -> list[dict]:
     all-to-all bytes against 4 × batch × sequence × hidden × bytes / p per pass."""
     rows = []
     for records in record_sets:
-        every = read_as(records, pc.Ulysses, rank=None)
+        every = read_as(records, Ulysses, rank=None)
         u = every[0]
         b, s, h, d = u.shape
         rows.append({"p": u.p, "max_abs_diff": max(x.max_abs_diff for x in every), "local_attention_sees": u.local_shape,
@@ -117,14 +117,14 @@ def autotp_rows(records: list[dict]) -> list[dict]:
     return [{"model": t.model, "ran": not t.error, "weights split": len(t.split), "kept whole": len(t.kept),
              "rank bytes / whole": round(t.rank_bytes / t.whole_bytes, 3) if t.rank_bytes else None,
              "logits max |diff|": t.max_abs_diff if not t.error else None, "DeepSpeed said": t.error[:90]}
-            for t in read_as(records, pc.TensorParallel)]
+            for t in read_as(records, TensorParallel)]
 
 
 def hpz_rows(records: list[dict]) -> list[dict]:
     """Rank 0's all-gather bytes of one forward and backward, by where they come from, with and without hpZ."""
     return [{"run": g.label, "from own node": g.intra_node, "from other node": g.inter_node,
              "intra-node share": round(g.intra_node / (g.intra_node + g.inter_node), 4),
-             "by group size": g.by_group_size} for g in read_as(records, pc.Gathers)]
+             "by group size": g.by_group_size} for g in read_as(records, Gathers)]
 
 
 def hpz_formula(n: int, per_node: int, group: int) -> dict:

@@ -9,19 +9,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from course_utils.kernel import scripts
 from course_utils.common.record import read_as
-
-def script():
-    """``scripts/11_performance.py`` as a module: the records it declares (``scripts.load`` imports it once)."""
-    return scripts.load("11_performance")
+from course_utils.common.records.perf import Activation, FlopsProfile, Recompute, StepTime, Trajectory
 
 
 # ---------------------------------------------------------------- 1 · accumulation
 
 def loss_table(records: list[dict]) -> dict[str, list[float]]:
     """Rank 0's loss per optimizer step for each micro-batch × accumulation setting, "8 × 1" → losses."""
-    return {f"{t.micro} × {t.gas}": t.loss for t in read_as(records, script().Trajectory)}
+    return {f"{t.micro} × {t.gas}": t.loss for t in read_as(records, Trajectory)}
 
 
 def max_abs_loss_diff(losses: dict[str, list[float]]) -> float:
@@ -35,7 +31,7 @@ def max_abs_loss_diff(losses: dict[str, list[float]]) -> float:
 def activation_rows(records: list[dict], hidden: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """Rank 0's activation measurements (MiB), without the point ``hidden`` (exercise 2's)."""
     rows = []
-    for a in read_as(records, script().Activation):
+    for a in read_as(records, Activation):
         if hidden and (a.seq_len, a.batch) == tuple(hidden):
             continue
         rows.append({"checkpointing": a.checkpointing, "seq_len": a.seq_len, "batch": a.batch,
@@ -46,14 +42,14 @@ def activation_rows(records: list[dict], hidden: tuple[int, int] | None = None) 
 
 def measured_activation(records: list[dict], checkpointing: str, seq_len: int, batch: int) -> int:
     """Activation bytes after the forward pass that rank 0 measured for one setting."""
-    return next(a.after_forward for a in read_as(records, script().Activation)
+    return next(a.after_forward for a in read_as(records, Activation)
                 if (a.checkpointing, a.seq_len, a.batch) == (checkpointing, seq_len, batch))
 
 
 def recompute_rows(records: list[dict]) -> list[dict[str, Any]]:
     """Rank 0's interleaved passes per checkpointing setting: min / median / max of the whole pass, median
     forward and backward (ms), and the median page faults of a pass."""
-    recompute = read_as(records, script().Recompute)[0]
+    recompute = read_as(records, Recompute)[0]
     rows = []
     for how, p in recompute.passes.items():
         total = [1e3 * (f + b) for f, b in zip(p["forward"], p["backward"])]
@@ -137,13 +133,13 @@ def breakdown_rows(records: list[dict]) -> list[dict[str, float]]:
     """Rank 0's steps: the engine's wall-clock timers (ms) beside the clock around forward + backward + step."""
     return [{"training step": s.step, **{k: s.timers.get(k, float("nan")) for k in BREAKDOWN},
              "timers total": sum(s.timers.get(k, 0.0) for k in ("fwd", "bwd", "step")), "clock": s.wall_ms}
-            for s in read_as(records, script().StepTime)]
+            for s in read_as(records, StepTime)]
 
 
 def step_breakdown(records: list[dict]) -> dict[str, float]:
     """Median ms per timer over the steps after the profiled one (the steps before it warm up; it carries the
     profiler's hooks)."""
-    profiled = read_as(records, script().FlopsProfile)[0].profile_step
+    profiled = read_as(records, FlopsProfile)[0].profile_step
     rows = [r for r in breakdown_rows(records) if r["training step"] > profiled]
     return {k: statistics.median(r[k] for r in rows) for k in (*BREAKDOWN, "timers total", "clock")}
 
@@ -152,7 +148,7 @@ def comm_rows(records: list[dict]) -> list[dict[str, Any]]:
     """What rank 0's comms logger logged in each step: op, message bytes, how many, and the latencies it logged
     (read as they are; see :func:`course_utils.rank.comms.timed`)."""
     return [{"step": s.step, "op": op, "bytes": size, "calls": len(ms), "logged ms": [round(x, 1) for x in ms]}
-            for s in read_as(records, script().StepTime) for op, entries in s.comm.items() for size, ms in entries]
+            for s in read_as(records, StepTime) for op, entries in s.comm.items() for size, ms in entries]
 
 
 def fit_alpha_beta(records: list[dict]) -> tuple[float, float]:
@@ -161,7 +157,7 @@ def fit_alpha_beta(records: list[dict]) -> tuple[float, float]:
     1/seconds), so that the small messages, which decide α, count as much as the large ones."""
     import numpy as np
 
-    from course_utils.rank.distributed import AllReduceTime
+    from course_utils.common.records.collectives import AllReduceTime
 
     rows = read_as(records, AllReduceTime)
     seconds = np.array([r.seconds for r in rows])
@@ -170,7 +166,7 @@ def fit_alpha_beta(records: list[dict]) -> tuple[float, float]:
 
 
 def all_reduce_rows(records: list[dict]) -> list[dict[str, float]]:
-    from course_utils.rank.distributed import AllReduceTime
+    from course_utils.common.records.collectives import AllReduceTime
 
     return [{"bytes": r.bytes, "ms": 1e3 * r.seconds} for r in read_as(records, AllReduceTime)]
 

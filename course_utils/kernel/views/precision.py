@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from course_utils.kernel import scripts
-from course_utils.rank.engine import dtype_name
+from course_utils.common.records.precision import GRAD_MESSAGE_MIN_BYTES, Trace
+from course_utils.rank.engine import dtype_name, scaler_for
 from course_utils.rank.data import random_batch
 from course_utils.rank.models import tiny_mlp
 from course_utils.common.record import read_as
@@ -19,8 +19,8 @@ BF16_MAX = torch.finfo(torch.bfloat16).max      # ~3.4e38: the same exponent ran
 
 
 def read_traces(records: list[dict]) -> dict[str, Any]:
-    """Rank 0's loss-scaling runs, label → ``Trace`` (declared in scripts/06_mixed_precision.py)."""
-    return {t.label: t for t in read_as(records, scripts.load("06_mixed_precision").Trace)}
+    """Rank 0's loss-scaling runs, label → ``Trace`` (declared in :mod:`course_utils.common.records.precision`)."""
+    return {t.label: t for t in read_as(records, Trace)}
 
 
 def overflow_table(scale: float = 1000.0, seed: int = 0) -> list[dict[str, Any]]:
@@ -69,7 +69,7 @@ def communication_table(rows: list[Any]) -> list[dict[str, Any]]:
     """Per precision (``EngineDtypes`` of scripts/06_mixed_precision.py), what DeepSpeed's comms logger saw in
     one training step: the gradient all_reduce bytes over Ψ (the bytes one gradient element took on the wire),
     the small all_reduce messages beside it, and the all_gather of this rank's updated partition."""
-    min_bytes = scripts.load("06_mixed_precision").GRAD_MESSAGE_MIN_BYTES
+    min_bytes = GRAD_MESSAGE_MIN_BYTES
     table = []
     for r in rows:
         small = {size: n for size, n in r.messages.get("all_reduce", {}).items() if int(size) < min_bytes}
@@ -147,7 +147,7 @@ SCALER_KEYS = ("initial_scale_power", "loss_scale_window", "hysteresis", "consec
 
 def scale_curve(fp16: dict, overflows: list[bool]) -> list[float]:
     """The loss scale before each step of DeepSpeed's own ``DynamicLossScaler``, built from the ``fp16`` section
-    as the ZeRO optimizer builds it (``scaler_for`` in scripts/06_mixed_precision.py), given which steps overflowed.
+    as the ZeRO optimizer builds it (:func:`course_utils.rank.engine.scaler_for`), given which steps overflowed.
 
     ``update_scale`` asks ``deepspeed.comm`` for the rank only to decide which rank logs the overflow; this kernel
     has no process group, so it is told rank 0 and its log lines are left out."""
@@ -155,7 +155,7 @@ def scale_curve(fp16: dict, overflows: list[bool]) -> list[float]:
 
     from deepspeed.runtime.fp16 import loss_scaler
 
-    scaler = scripts.load("06_mixed_precision").scaler_for({**fp16, "loss_scale": 0})
+    scaler = scaler_for({**fp16, "loss_scale": 0})
     scales = []
     with mock.patch.object(loss_scaler.dist, "get_rank", return_value=0), mock.patch.object(loss_scaler.logger, "info"):
         for overflow in overflows:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.kernel import scripts
+from course_utils.common.record import read_as
+from course_utils.common.records.schedules import Combo, LrCurve, OptimizerOutcome
 from course_utils.kernel.compare import max_abs_series_diff
 from course_utils.rank.optimizers import LR
-from course_utils.common.record import read_as
 from course_utils.rank.trainer import matrix_cell
 
 # Hugging Face lr_scheduler_type → the DeepSpeed scheduler that corresponds to it.
@@ -48,12 +48,12 @@ def plot_lr_curves(curves: dict[str, list[float]], ax: Any = None, title: str = 
     return ax
 
 
-def read_matrix(records: list[dict]) -> dict[str, Any]:
+def read_matrix(records: list[dict]) -> dict[str, Combo]:
     """The Trainer matrix of a launch of scripts/07_trainer_matrix.py: combination key → its ``Combo``."""
-    return {c.key: c for c in read_as(records, scripts.load("07_trainer_matrix").Combo)}
+    return {c.key: c for c in read_as(records, Combo)}
 
 
-def matrix_table(matrix: dict[str, Any]) -> list[dict[str, Any]]:
+def matrix_table(matrix: dict[str, Combo]) -> list[dict[str, Any]]:
     """Rows (optimizer, scheduler, offload, variant, outcome, optimizer class, adam_w_mode, scheduler class, loss,
     the documented table's answer, error message) for display."""
     rows = []
@@ -75,18 +75,17 @@ def optimizer_table(records: list[dict]):
     """What deepspeed.initialize built from each optimizer section (rank 0), indexed by label."""
     import pandas as pd
 
-    script = scripts.load("07_optimizers_and_schedulers")
-    return pd.DataFrame(read_as(records, script.OptimizerOutcome)).set_index("label")
+    return pd.DataFrame(read_as(records, OptimizerOutcome)).set_index("label")
 
 
 def read_lr_curves(records: list[dict]) -> dict[str, list[float]]:
     """Scheduler label → the learning rate the engine used at each step (rank 0)."""
-    return {c.label: c.lr for c in read_as(records, scripts.load("07_optimizers_and_schedulers").LrCurve)}
+    return {c.label: c.lr for c in read_as(records, LrCurve)}
 
 
 def read_betas(records: list[dict]) -> dict[str, list[list[float]]]:
     """Scheduler label → Adam's [beta1, beta2] at each step (rank 0)."""
-    return {c.label: c.betas for c in read_as(records, scripts.load("07_optimizers_and_schedulers").LrCurve)}
+    return {c.label: c.betas for c in read_as(records, LrCurve)}
 
 
 def flat_from(values: list[float], rel: float = 1e-9) -> int:

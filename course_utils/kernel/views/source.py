@@ -1,9 +1,12 @@
 """The lines of an installed library that decide what a notebook says it does (every topic quotes them)."""
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 from pathlib import Path
+
+from course_utils.common import paths
 
 
 def show_source(package: str, relpath: str, pattern: str, after: int = 2, limit: int = 1) -> None:
@@ -27,3 +30,17 @@ def show_source(package: str, relpath: str, pattern: str, after: int = 2, limit:
         print(f"{package}/{relpath}:{i + 1}")
         for j in range(i, min(i + 1 + after, len(lines))):
             print(f"  {j + 1:5d} | {lines[j]}")
+
+
+def show_script_function(script: str, name: str) -> None:
+    """Print the function ``name`` of ``scripts/<script>`` as written there, e.g.
+    ``show_script_function("11_hang.py", "log_metrics")``: read with ``ast``, not imported (the kernel imports no
+    script)."""
+    path = paths.SCRIPTS / script
+    text = path.read_text()
+    functions = (n for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    node = next((n for n in functions if n.name == name), None)
+    if node is None:
+        raise LookupError(f"no function {name!r} in {paths.relative(path)}")
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+    print("\n".join(text.splitlines()[first - 1:node.end_lineno]))

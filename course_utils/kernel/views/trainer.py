@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.kernel.configs import auto_keys, leaf_paths
-from course_utils.rank.trainer import AutoFill
+from course_utils.common.records.trainer import AutoFill
 from course_utils.kernel.views.source import show_source
 
 

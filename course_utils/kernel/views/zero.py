@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course_utils.kernel import configs, scripts
+from course_utils.kernel import configs
 from course_utils.common.record import read_as
+from course_utils.common.records.zero import Comms, GradPeak, Ownership, Partition, ZeroMemory
 from course_utils.common.zero_rules import BYTES_PER_PARAM, deepspeed_expected, edge_grad_numel, zero_formula
 from course_utils.kernel.views.source import show_source
-
-
-def _script():
-    """scripts/03_zero_memory.py, which declares the records read here."""
-    return scripts.load("03_zero_memory")
 
 
 # What the stage 2/3 keys of configs/zero2.json and configs/zero3.json do (DeepSpeed 0.19 semantics).
@@ -60,7 +56,7 @@ def zero_memory_rows(records: list[dict], param_numels: list[int]) -> list[dict]
     term (whole parameters on a partition's edge) is computed from them by DeepSpeed's partitioning rules
     (:func:`edge_grad_numel`), not read from the engine, so the measured buffer can disagree with it."""
     rows = []
-    for r in read_as(records, _script().ZeroMemory, rank=None):
+    for r in read_as(records, ZeroMemory, rank=None):
         psi, stage, n, dtype = r.num_params, r.stage, r.world_size, r.dtype
         edge = edge_grad_numel(param_numels, n, r.rank, BYTES_PER_PARAM[dtype]["grads"]) if stage in (1, 2) else None
         expected = deepspeed_expected(psi, stage, n, dtype, edge, r.persistent_numel)
@@ -84,7 +80,7 @@ def partition_table(records: list[dict]):
     ``GatheredParameters``, and after it."""
     import pandas as pd
 
-    return pd.DataFrame(read_as(records, _script().Partition, rank=None)).set_index("rank")
+    return pd.DataFrame(read_as(records, Partition, rank=None)).set_index("rank")
 
 
 def plot_zero_memory(rows: list[dict], rank: int = 0):
@@ -134,7 +130,7 @@ def comm_rows(records: list[dict]) -> list[dict]:
     """One row per (world size, dtype, run, collective) of rank 0's comms-logger messages during one
     training step: messages, bytes logged (≥ 64 B), and what a ring algorithm sends per rank, in Ψ."""
     rows = []
-    for c in read_as(records, _script().Comms):
+    for c in read_as(records, Comms):
         elem = 4 if c.dtype == "fp32" else 2
         for op, sizes in sorted(c.messages.items()):
             data = {int(b): n for b, n in sizes.items() if int(b) > SCALAR_BYTES}
@@ -169,7 +165,7 @@ def grad_peak_table(records: list[dict]):
              "peak during backward (Ψ)": g.peak_grad_bytes / (4 * g.num_params),
              "held between micro-steps (Ψ)": g.between_micro_steps / (4 * g.num_params) if g.gas > 1 else None,
              "buckets at most (MB)": g.peak_bucket_bytes / 1e6}
-            for g in read_as(records, _script().GradPeak)]
+            for g in read_as(records, GradPeak)]
     return pd.DataFrame(rows).set_index(["world_size", "stage", "gradient_accumulation_steps"]).round(3)
 
 
@@ -179,7 +175,7 @@ def plot_ownership(records: list[dict], stages=(0, 1, 2, 3), first: int | None =
     slices in its colour, parameter edges as thin lines. ``first`` zooms onto the first parameters."""
     import matplotlib.pyplot as plt
 
-    owned = read_as(records, _script().Ownership, rank=None)
+    owned = read_as(records, Ownership, rank=None)
     world = max(o.world_size for o in owned)
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(len(stages), 1, figsize=(12, 0.55 * world * len(stages) + 0.8), squeeze=False)

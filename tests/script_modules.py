@@ -1,9 +1,5 @@
-"""The scripts the launcher runs, as modules the notebook side can read: each script declares the
-records it writes (dataclasses deriving from :class:`course_utils.common.record.Record`), and the
-notebook reads a launch's records through those declarations::
-
-    Rung = scripts.load("04_offload_ladder").Rung
-    rows = read_as(result.records, Rung)
+"""The course's scripts as modules, for the tests that call a script's functions directly. The notebook kernel never
+does this: what it needs of a script (its records, its command line) lives in ``course_utils/common/records/``.
 
 Importing a script runs nothing: every script does its work in ``main()``.
 """
@@ -14,12 +10,12 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from course_utils.kernel import hardware
 from course_utils.common import paths
+from course_utils.kernel import hardware
 
 
 @functools.lru_cache(maxsize=None)
-def load(name: str) -> ModuleType:
+def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` as a module (imported once per process)."""
     stem = name.removesuffix(".py")
     path = paths.SCRIPTS / f"{stem}.py"
