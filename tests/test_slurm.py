@@ -158,9 +158,11 @@ def test_a_dead_starter_leaves_nothing(tmp_path):
 
 
 @needs_slurm
+@pytest.mark.extended
 def test_a_job_over_its_time_limit_ends_in_timeout():
     """A job given one minute that would run ten: slurmctld ends it (its time-limit check runs every 30 s, so 60-90 s
-    after the job started) and scontrol and the job-completion record say TIMEOUT. The one slow test of this file."""
+    after the job started) and scontrol and the job-completion record say TIMEOUT. Notebook 14's test checks the same
+    drill, whose job runs beside the notebook's other launches; this one waits for it alone (pytest -m extended)."""
     with slurm.slurm_cluster() as cluster:
         job = slurm_launch.submit(cluster, "#!/bin/bash\nsrun sleep 600\n", "--time=1", "--nodes=2",
                                   "--ntasks-per-node=1", name="timeout")
