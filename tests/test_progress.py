@@ -163,3 +163,18 @@ def test_a_script_without_a_notebook_prefix_waits_for_the_ops_of_the_notebook_th
     assert "async_io" not in opbuild.wait_for_launch("trainer_template")
     monkeypatch.delenv(opbuild.NOTEBOOK_ENV)
     assert "async_io" in opbuild.wait_for_launch("trainer_template")
+
+
+def test_an_arch_list_deepspeed_cannot_read_gets_a_line_that_says_what_to_set(monkeypatch):
+    """Some Hopper machines set TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed's JIT builder cannot sort that entry (its own
+    error, met here without a GPU) and the op build says which value to set instead."""
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    with pytest.raises(ValueError) as error:
+        builder.compute_capability_args()
+    hint = ops.arch_list_hint(error.value)
+    assert "9.0a" in hint and "TORCH_CUDA_ARCH_LIST='8.0;9.0'" in hint
+    assert ops.arch_list_hint(error.value, "8.0;9.0") == "" and ops.arch_list_hint(RuntimeError("x")) == ""

@@ -113,9 +113,22 @@ def build_one(op: Op) -> str:
     try:
         b.load(verbose=False)
     except Exception as e:  # the error is in the log; a launch that loads the op meets it again, with DeepSpeed's words
-        print(f"{op.name}: build failed: {e}", file=sys.stderr, flush=True)
+        print(f"{op.name}: build failed: {e}" + arch_list_hint(e), file=sys.stderr, flush=True)
         return "failed"
     return "built"
+
+
+def arch_list_hint(error: Exception, arch_list: str | None = None) -> str:
+    """What to change when DeepSpeed's JIT builder could not read ``TORCH_CUDA_ARCH_LIST``: it sorts the entries by
+    ``int()`` of each part (``compute_capability_args`` in ``deepspeed/ops/op_builder/builder.py``), so an arch with a
+    letter suffix such as ``9.0a`` (set on some Hopper machines) fails with "invalid literal for int()"."""
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if arch_list is None else arch_list
+    suffixed = [a for a in arch_list.replace(" ", ";").split(";") if a and not a.split("+")[0].replace(".", "").isdigit()]
+    if not suffixed or "invalid literal for int()" not in str(error):
+        return ""
+    plain = ";".join(dict.fromkeys(a.split("+")[0].rstrip("abcdefghijklmnopqrstuvwxyz") for a in arch_list.replace(" ", ";").split(";") if a))
+    return (f"\n  TORCH_CUDA_ARCH_LIST={arch_list!r} names {', '.join(suffixed)}: DeepSpeed's JIT builder reads only "
+            f"digits there. Set TORCH_CUDA_ARCH_LIST={plain!r} (export it, or in the notebook's environment) and build again.")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
