@@ -11,7 +11,6 @@ import json
 import re
 import statistics
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import deepspeed
@@ -120,7 +119,7 @@ def make_rung(name: str, *, rank: int, dtype: str, step_times: list[float], held
                 accelerator_side_bytes=sum(h.bytes for h in states if h.side == "accelerator"),
                 host_side_bytes=sum(h.bytes for h in states if h.side == "host"),
                 nvme_bytes=sum(f.stat().st_size for f in files or [] if f"rank{rank}" in f.parts),   # its own files
-                held=[asdict(h) for h in held],
+                held=list(held),
                 accelerator_peak=accelerator_peak, gathered_in_forward=gathered_in_forward,
                 persistent_numel=persistent_numel, optimizer=optimizer, loss=loss,
                 swap_files=[str(f.relative_to(swap_dir)) for f in files] if files is not None else None,

@@ -24,14 +24,18 @@ from typing import Callable, Iterable
 from course_utils.common import run_folder
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, process group) of ``pid``, or None when it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent, process group) of ``pid``, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[2])
+        return fields[0].decode(), int(fields[1]), int(fields[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _runs(stat: tuple[str, int, int] | None) -> bool:
+    return stat is not None and stat[0] not in ("Z", "X")
 
 
 def _pids() -> list[int]:
@@ -43,14 +47,13 @@ def _pids() -> list[int]:
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
-    s = _stat(pid)
-    return s is not None and s[0] not in ("Z", "X")
+    return _runs(_stat(pid))
 
 
 def in_groups(groups: Iterable[int]) -> list[int]:
     """The live processes of these process groups."""
     wanted = set(groups)
-    return [pid for pid in _pids() if (s := _stat(pid)) and s[1] in wanted and s[0] not in ("Z", "X")] if wanted else []
+    return [pid for pid in _pids() if _runs(s := _stat(pid)) and s[2] in wanted] if wanted else []
 
 
 def marked(setting: str, in_command_line: str | None = None) -> list[int]:
@@ -117,19 +120,17 @@ def end(pids: Callable[[], list[int]] = list, groups: Iterable[int] = (), grace:
 
 def tree(pid: int) -> list[int]:
     """``pid`` and every live descendant of it (from each process's parent in ``/proc``)."""
+    stats = {p: _stat(p) for p in _pids()}
     children: dict[int, list[int]] = {}
-    for p in _pids():
-        try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                children.setdefault(int(f.read().rsplit(b")", 1)[1].split()[1]), []).append(p)
-        except (OSError, IndexError, ValueError):
-            pass
+    for p, st in stats.items():
+        if st is not None:
+            children.setdefault(st[1], []).append(p)
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
         todo += children.get(p, [])
-    return [p for p in out if alive(p)]
+    return [p for p in out if _runs(stats.get(p) if p in stats else _stat(p))]
 
 
 def watch_parent(parent: int, on_death: Callable[[], None]) -> None:

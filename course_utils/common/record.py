@@ -5,9 +5,10 @@ the run folder (``$COURSE_RUN_DIR/metrics/rank<r>.jsonl``) and comes back in ``r
 run from a terminal, the figure is printed instead so nothing is lost.
 
 A record with a fixed structure is declared once, as a dataclass deriving from :class:`Record` that
-carries the record's name (``class Rung(Record, name="rung")``), next to the code that builds it.
+carries the record's name (``class Rung(Record, name="rung")``), in :mod:`course_utils.common.records`.
 The script writes an instance (``record(rung)``), the notebook reads instances back with
-:func:`read_as` (``read_as(result.records, Rung)``): neither side spells the keys out again.
+:func:`read_as` (``read_as(result.records, Rung)``), and the tests read a notebook's recorded ones with
+:func:`as_records`: no side spells the keys out again.
 """
 from __future__ import annotations
 
@@ -93,8 +94,7 @@ def read_as(records: list[dict], cls: type[R], rank: int | None = 0) -> list[R]:
     out = []
     for r in records:
         if r["name"] == cls.NAME and (rank is None or r["rank"] == rank):
-            values = r["value"] if isinstance(r["value"], list) else [r["value"]]
-            out += [cls(**v) for v in values]
+            out += as_records(r["value"], cls)
     return out
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -49,10 +49,8 @@ def write_state(path: Path, todo: list[_ops.Op], done: dict[str, str], building:
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a running op build (not a process that got the pid of a build killed long ago)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
+    """Whether ``pid`` is a running op build (not a zombie, nor a process that got the pid of a build killed long ago)."""
+    if not reaper.alive(pid):
         return False
     try:       # empty for a moment after the build's exec: unknown, so counted as the build
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -32,7 +32,7 @@ class Rung(Record, name="rung"):
     accelerator_side_bytes: int   # model states DeepSpeed placed on the accelerator (its own flags and structures)
     host_side_bytes: int          # model states DeepSpeed placed in host memory (offload_optimizer / offload_param)
     nvme_bytes: int               # bytes of this rank's swap files on disk (NVMe offload), else 0
-    held: list                    # Holding rows (as dicts): every state by structure, device and side
+    held: list                    # Holding rows: every state by structure, device and side
     accelerator_peak: int
     gathered_in_forward: int      # stage 3: most parameter elements gathered whole at a module's forward
     persistent_numel: int         # stage 3: elements of the parameters kept whole on every rank
@@ -43,3 +43,5 @@ class Rung(Record, name="rung"):
     swap_buffers: dict | None = None  # NVMe: the page-locked host buffers the swappers allocated (swap_buffers())
     locked_bytes: int = 0         # the rank's page-locked memory (Linux VmLck) while the engine lived
 
+    def __post_init__(self) -> None:       # read back from JSON (read_as, as_records), the rows are dicts
+        self.held = [h if isinstance(h, Holding) else Holding(**h) for h in self.held]

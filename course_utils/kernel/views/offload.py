@@ -3,17 +3,17 @@ scripts/04_offload_ladder.py: every state by the DeepSpeed structure and device 
 formula and :mod:`course_utils.common.zero_rules` predict it."""
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 from course_utils.common.record import read_as
-from course_utils.common.records.offload import Holding, Rung
+from course_utils.common.records.offload import Rung
 from course_utils.common.zero_rules import LADDER
 from course_utils.common.zero_rules import STATES as MODEL_STATES, placement, predicted_device_bytes
 
 
 def ladder_rows(records: list[dict], rank: int = 0) -> list[Rung]:
-    """The ``rung`` records of one rank, in launch order, each with its ``held`` rows as :class:`Holding`."""
-    return [replace(r, held=[Holding(**h) for h in r.held]) for r in read_as(records, Rung, rank)]
+    """The ``rung`` records of one rank, in launch order (their ``held`` rows are :class:`Holding`)."""
+    return read_as(records, Rung, rank)
 
 
 def ladder_prediction(num_params: int, world_size: int, dtype: str) -> dict[str, float]:
