@@ -154,3 +154,18 @@ def test_launch_dies_with_the_process_that_started_it(tmp_path):
         time.sleep(0.5)
     assert not processes_of(run_dir), "ranks outlived the killed process that started them"
     assert not list(Path("/dev/shm").glob(buffers)), "the launch's /dev/shm buffers outlived it"
+
+
+def test_a_watchdog_acts_when_its_starter_dies_before_the_watchdog_is_ready(tmp_path):
+    """The starter dies the moment after it started its watchdog, while the watchdog's interpreter is still
+    starting: the parent's death is not missed (the watchdog's own call, ``os.mkdir``, still runs)."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "acted"
+    subprocess.run([sys.executable, "-c", "import os; from course_utils.kernel.launch.processes import watchdog; "
+                    f"watchdog('call', 'os:mkdir', {str(marker)!r}); os._exit(0)"], check=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.is_dir(), "the watchdog did not act on its starter's death"

@@ -135,11 +135,13 @@ def tree(pid: int) -> list[int]:
 
 def watch_parent(parent: int, on_death: Callable[[], None]) -> None:
     """A watchdog's life: wait until the process that started it dies (SIGTERM from ``PR_SET_PDEATHSIG``, or a new
-    parent process id), then call ``on_death`` and exit."""
+    parent process id), then call ``on_death`` and exit. Its starter blocks SIGTERM until the handler is in place
+    (``course_utils.kernel.launch.processes.watchdog``), so a parent that died meanwhile is not missed."""
     def ended(*_) -> None:
         on_death()
         sys.exit(0)
     signal.signal(signal.SIGTERM, ended)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})   # its starter blocked it until now: a pending one runs here
     while True:
         time.sleep(1)
         if os.getppid() != parent:

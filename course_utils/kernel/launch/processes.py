@@ -39,6 +39,24 @@ def die_with_parent() -> None:
         pass
 
 
+def _watchdog_preexec() -> None:
+    """A watchdog's :func:`die_with_parent`, with SIGTERM blocked until it is ready for it.
+
+    The blocked mask survives ``exec``: a parent that dies while the watchdog's interpreter is still starting (a
+    kernel killed a moment after a launch, a loaded machine) leaves the SIGTERM pending, and it is delivered once
+    :func:`course_utils.common.reaper.watch_parent` has its handler in place, instead of killing the watchdog
+    before it could end anything."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    die_with_parent()
+
+
+def watchdog(*argv: str) -> subprocess.Popen:
+    """Start ``python -m course_utils.common.reaper <argv>`` for the process calling this: it acts when this
+    process dies, however it dies (see :func:`course_utils.common.reaper.main`)."""
+    return subprocess.Popen([sys.executable, "-m", "course_utils.common.reaper", argv[0], str(os.getpid()), *argv[1:]],
+                            cwd=paths.ROOT, preexec_fn=_watchdog_preexec, stdin=subprocess.DEVNULL)
+
+
 def shm_pattern(port: int) -> str:
     """The glob of the buffers one launch's CPU all-reduce creates (DeepSpeed's shm comm op).
 
@@ -98,9 +116,8 @@ def start_watchdog(launchers: list[subprocess.Popen], port: int, run_dir: Path,
                    over_ssh: bool = False) -> subprocess.Popen:
     """Start the launch's watchdog (:func:`course_utils.common.reaper.end_launch`), which ends the launch should the kernel
     die; kill it when the launch ends normally."""
-    return subprocess.Popen([sys.executable, "-m", "course_utils.common.reaper", "launch", str(os.getpid()), shm_pattern(port),
-                             str(run_dir), "ssh" if over_ssh else "local", *(str(p.pid) for p in launchers)],
-                            cwd=paths.ROOT, preexec_fn=die_with_parent, stdin=subprocess.DEVNULL)
+    return watchdog("launch", shm_pattern(port), str(run_dir), "ssh" if over_ssh else "local",
+                    *(str(p.pid) for p in launchers))
 
 
 def signal_groups(launchers: Iterable[subprocess.Popen], sig: int) -> None:

@@ -34,7 +34,7 @@ import psutil
 
 from course_utils.common import paths, reaper
 from course_utils.kernel.launch.commands import free_port
-from course_utils.kernel.launch.processes import as_processes, die_with_parent
+from course_utils.kernel.launch.processes import as_processes, die_with_parent, watchdog
 from course_utils.kernel.launch.slurm_setup import (SOCKET_MAX, find_tool, make_key, node_config, remove_stale, why_not,
     write_config)
 
@@ -182,9 +182,7 @@ def _start_daemons(cluster: SlurmCluster, timeout: float) -> None:
     write_config(folder, cluster.ports, cluster.nodes, CPUS)
     for node in cluster.nodes:
         (folder / "spool" / node).mkdir(parents=True, exist_ok=True)
-    cluster.watchdog = subprocess.Popen([sys.executable, "-m", "course_utils.common.reaper", "call", str(os.getpid()),
-                                         "course_utils.kernel.launch.slurm:end_and_remove", str(folder)],
-                                        cwd=paths.ROOT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    cluster.watchdog = watchdog("call", "course_utils.kernel.launch.slurm:end_and_remove", str(folder))
     # --force: munged refuses root and a key or socket folder it finds too open without it; -F: in front
     _spawn(cluster, "munged", ["munged", "-F", "--force", f"--key-file={key}", f"--socket={folder / 'munge.socket'}",
                                f"--pid-file={folder / 'munged.pid'}", f"--log-file={folder / 'log' / 'munged.log'}",
