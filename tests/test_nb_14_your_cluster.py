@@ -1,13 +1,16 @@
 """Notebook 14 executed with papermill on the course's 2-node Slurm cluster: the learner's sbatch job, DeepSpeed
 launched three ways (srun + --no_ssh, --launcher slurm without and with PMIx, --launcher openmpi), the crash and
 drained-node drills, the time-limit drill (its job queued at the start runs beside the others and ends 60-90 s after it
-started), and nothing of the cluster left afterwards."""
+started), and nothing of the cluster left afterwards, nor any file outside the build folder."""
+import time
+
 import pytest
 
 from conftest import run_notebook
 from course_utils.common.record import as_records
 from course_utils.common.records.slurm import SlurmRank
 from course_utils.kernel.launch import slurm
+from test_slurm import outside_build
 
 NAME = "14_your_cluster"
 WHY_NOT = slurm.why_not()
@@ -24,6 +27,7 @@ def _by_rank(launch: dict) -> list[tuple]:
 
 
 def test_deepspeed_under_slurm_three_ways_and_the_drills():
+    since = time.time() - 1
     m = run_notebook(NAME)
     launches = m["slurm_launches"]
     assert set(launches) == {"srun", "slurm", "slurm (fixed)", "openmpi"}
@@ -49,4 +53,5 @@ def test_deepspeed_under_slurm_three_ways_and_the_drills():
     assert "ReqNodeNotAvail" in m["drained_pending_reason"]
     assert m["slurm_timeout_state"] == "TIMEOUT" and m["slurm_timeout_completion"] == "TIMEOUT"   # slurmctld ended it
     assert not slurm.leftovers()
+    assert not outside_build(since), f"Slurm, munge, PMIx or Open MPI wrote outside the build folder: {outside_build(since)}"
 

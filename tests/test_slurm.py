@@ -20,7 +20,7 @@ WHY_NOT = slurm.why_not()
 needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=f"no Slurm cluster here: {WHY_NOT}")
 
 
-def _outside_build(since: float) -> list[str]:
+def outside_build(since: float) -> list[str]:
     """Files Slurm, munge or PMIx might write by default, made since ``since``: none may be."""
     found = []
     for pattern in ("/tmp/spmix_appdir_*", "/tmp/ompi.*", "/tmp/slurmd*", "/run/munge/*", "/var/run/munge/*", "/var/spool/slurm*/*",
@@ -87,32 +87,26 @@ def test_the_batch_template_builds_its_hostfile_from_the_jobs_nodes():
 # --- a real cluster ---
 
 @needs_slurm
-def test_cluster_starts_runs_deepspeed_on_both_nodes_and_stops_clean():
-    """Start: both nodes idle. A DeepSpeed launch with srun + --no_ssh: one rank per Slurm node, node ranks 0 and 1,
-    the all_reduce sums over both. A drained node holds a job pending with its reason. Stop: nothing left."""
+def test_cluster_starts_drains_a_node_and_stops_clean():
+    """Start: both nodes idle, each daemon on its own port. A drained node holds a job pending with its reason. Stop:
+    nothing left, no file outside the build folder. (DeepSpeed launched on both nodes, and the files its launches leave,
+    are notebook 14's test: tests/test_nb_14_your_cluster.py.)"""
     since = time.time() - 1
     with slurm.slurm_cluster() as cluster:
         folder = cluster.folder
         assert cluster.node_states() == {"n1": "idle", "n2": "idle"}
         assert len(set(cluster.ports.values())) == 3
-        run = slurm_launch.launch(cluster, "srun", timeout=120, quiet=True)
-        assert run.returncode == 0, run.output[-3000:]
-        ranks = run.ranks
-        assert [(r.rank, r.node_rank, r.node, r.world_size) for r in ranks] == [(0, 0, "n1", 2), (1, 1, "n2", 2)]
-        assert {r.all_reduce for r in ranks} == {1.0 + 2.0}
-        assert not run_processes(run.run_dir)
-
         cluster.command("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=course_test")
         job = cluster.command("sbatch", "--parsable", "-w", "n2", f"--output={folder / 'drained.out'}",
                               "--wrap", "true").stdout.strip()
         info = cluster.wait(job, until=("PENDING",), timeout=20)
         assert info["JobState"] == "PENDING" and "ReqNodeNotAvail" in info["Reason"], info
-        assert cluster.node_states()["n2"] in ("drain", "drng")     # drng: the launch's job still completing there
+        assert cluster.node_states()["n2"] == "drain"
         processes = [p.pid for p in slurm.cluster_processes(folder)]
         assert len(processes) >= 4
     assert not _gone(folder), _gone(folder)
     assert not slurm.leftovers()
-    assert not _outside_build(since), _outside_build(since)
+    assert not outside_build(since), outside_build(since)
 
 
 @needs_slurm
