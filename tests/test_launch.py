@@ -20,7 +20,17 @@ def test_interrupt_kills_every_process_of_the_launch_and_a_hang_shows_each_ranks
     interrupting, a hung launch (rank 0 waits in an all_reduce that rank 1 never reaches) is asked for its ranks'
     Python stacks, as the runner does at a timeout: the rank hook's faulthandler answers on SIGUSR1, also in a
     rank blocked inside the collective."""
+    import _thread
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
+        f"an earlier test left SIGINT handled by {signal.getsignal(signal.SIGINT)!r}: an interrupt would not reach the cell")
     seen: dict = {}
+    once = threading.Lock()
+
+    def interrupt() -> None:            # once only: a second KeyboardInterrupt would land outside pytest.raises
+        if once.acquire(blocking=False):
+            _thread.interrupt_main()
 
     def stacks_then_interrupt():
         try:        # the ranks are asked once both have said they reached their wait (not while they import)
@@ -32,24 +42,33 @@ def test_interrupt_kills_every_process_of_the_launch_and_a_hang_shows_each_ranks
                     time.sleep(1)                 # rank 0 from its print into the all_reduce
                     stacks = rank_stacks(new[0])
                     if "in all_reduce" in stacks.get(0, "") and "in wait_for_data" in stacks.get(1, ""):
-                        seen.update(run_dir=new[0], stacks=stacks, alive_before=len(processes_of(new[0])))
+                        # the launch's processes are this process's descendants: read from /proc/<pid>/stat, which,
+                        # unlike another process's environment, never waits on that process
+                        seen.update(run_dir=new[0], stacks=stacks,
+                                    alive_before=len(psutil.Process().children(recursive=True)))
                 time.sleep(0.5)
         except Exception as err:              # noqa: BLE001 — reported by the assertions below
             seen["error"] = repr(err)
         finally:
-            import _thread
-            _thread.interrupt_main()
+            interrupt()
 
     seen["before"] = sorted(launch.paths.runs_dir().glob("*-one_rank_skips-*"))
+    guard = threading.Timer(105, interrupt)      # the helper stuck past its deadline: interrupt before the timeout
+    guard.daemon = True
     threading.Thread(target=stacks_then_interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        launch.deepspeed(SCRIPTS / "one_rank_skips.py", procs=2, timeout=120, quiet=True)
+    guard.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch.deepspeed(SCRIPTS / "one_rank_skips.py", procs=2, timeout=120, quiet=True)
+    finally:
+        guard.cancel()
+        once.acquire(blocking=False)            # a helper still running interrupts nothing now
     assert seen.get("stacks"), f"no stacks of both ranks at their waits within 100 s ({seen.get('error', 'no error')})"
     assert "wait_for_data" not in seen["stacks"][0] and "in all_reduce" not in seen["stacks"][1]
     main0 = main_thread_stack(seen["stacks"][0])
     assert "torch/distributed/distributed_c10d.py" in main0 and "site-packages" not in main0, main0
     assert 'tests/scripts/one_rank_skips.py", line 17 in <module>' in main0, main0
-    assert seen["alive_before"] >= 3, "the launch should have been running (launcher + 2 ranks)"
+    assert seen["alive_before"] >= 4, "the launch should have been running (the CLI, its launcher, 2 ranks)"
     assert not processes_of(seen["run_dir"])
 
 
