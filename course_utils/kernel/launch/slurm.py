@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from contextlib import contextmanager
