@@ -1,9 +1,15 @@
 """Shared fixtures: a private build folder per test session, and notebook execution with papermill."""
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+from unittest import mock
 
 import nbformat
 import pytest
@@ -88,6 +94,23 @@ def processes_of(run_dir: Path) -> list:
     return found
 
 
+# Caches a library keeps in the temporary folder on purpose, the same folder each run (not one per run):
+# torch's Inductor cache, which importing a transformers model creates (torch/_inductor/runtime/cache_dir_utils.py).
+TEMPORARY_CACHES = {f"torchinductor_{getpass.getuser()}"}
+
+
+@contextmanager
+def temporary_folder_of_its_own() -> Iterator[Path]:
+    """An empty folder that the notebook's kernel and every rank it launches use as TMPDIR (they inherit this
+    process's environment); what is still in it when the notebook is done outlived it. Removed after."""
+    folder = Path(tempfile.mkdtemp(prefix="nb-"))       # short: sockets made in it must fit in 108 bytes
+    try:
+        with mock.patch.dict(os.environ, {"TMPDIR": str(folder)}):
+            yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 _EXECUTED: dict[tuple, dict] = {}       # (name, parameters, source) → figures: one execution per test session
 
 
@@ -107,10 +130,13 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     outcomes.parent.mkdir(parents=True, exist_ok=True)
     outcomes.unlink(missing_ok=True)
     runs_before = set(paths.runs_dir().glob("*")) if paths.runs_dir().exists() else set()
-    outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
-                      {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
+    with temporary_folder_of_its_own() as scratch:
+        outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
+                          {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
+        left_behind = sorted(p.name for p in scratch.iterdir() if p.name not in TEMPORARY_CACHES)
     leftover = [p.pid for run in set(paths.runs_dir().glob("*")) - runs_before for p in processes_of(run)]
     assert not leftover, f"{name}: processes of its launches outlived the notebook: {leftover}"
+    assert not left_behind, f"{name}: its kernel or ranks left these in the temporary folder: {left_behind}"
     if not outcome.ok:
         pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"
