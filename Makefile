@@ -41,7 +41,9 @@ $(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_util
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(STEP) packages -- sh -c '$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -r requirements.txt \
 	  && $(PY) -m pip install -q --no-deps -e .'
-	@$(STEP) kernel -- $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "DeepSpeed course (.venv)"
+	@# ipykernel stages the kernelspec in a folder of its own under TMPDIR and leaves that folder behind: one to remove
+	@$(STEP) kernel -- sh -c 'tmp=$$(mktemp -d) && TMPDIR=$$tmp $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) \
+	  --display-name "DeepSpeed course (.venv)"; status=$$?; rm -rf "$$tmp"; exit $$status'
 	@$(STEP) libaio -- bash .ci/install-libaio
 	@$(STEP) multinode -- bash .ci/install-multinode
 	@$(STEP) slurm -- bash .ci/install-slurm
