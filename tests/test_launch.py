@@ -1,6 +1,8 @@
 """The runner: real `deepspeed` launches that succeed, fail loudly, time out, and leave nothing behind."""
 from __future__ import annotations
 
+import _thread
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,9 +22,6 @@ def test_interrupt_kills_every_process_of_the_launch_and_a_hang_shows_each_ranks
     interrupting, a hung launch (rank 0 waits in an all_reduce that rank 1 never reaches) is asked for its ranks'
     Python stacks, as the runner does at a timeout: the rank hook's faulthandler answers on SIGUSR1, also in a
     rank blocked inside the collective."""
-    import _thread
-    import signal
-
     # A kernel handles SIGINT with Python's handler. This worker may not: an earlier test in it can leave SIGINT
     # ignored (seen after notebooks 02, 04, 05, 08, 09, 11, 12 and 13 ran in one worker), and then interrupt_main()
     # does nothing and the launch runs into its timeout. The test sets the kernel's handler for its own duration.
@@ -137,7 +136,6 @@ def test_command_kills_a_hanging_tool():
 def test_launch_dies_with_the_process_that_started_it(tmp_path):
     """A kernel killed outright (SIGKILL) gets no chance to clean up: the launch must still end, and its
     /dev/shm all-reduce buffers (about 66 MB per CPU rank) must go with it."""
-    import signal
     import subprocess
     import sys
 
