@@ -15,7 +15,7 @@ import nbformat
 import pytest
 
 from course_utils.tooling import manifest
-from course_utils.common import paths
+from course_utils.common import devices, paths
 from course_utils.tooling.course import execute
 from course_utils.tooling.workshop import unscored_checks
 
@@ -25,7 +25,7 @@ CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its ow
 # Seconds each notebook's tests take with the smoke parameters on 2 CPU cores (the manifest's smoke_seconds).
 # `make test` runs the tests on two workers (pytest-xdist); starting the longest first keeps both busy to the end.
 SMOKE_SECONDS = manifest.smoke_seconds()
-OTHER_SECONDS = {"test_slurm": 10, "test_hub": 30, "test_multinode": 40, "test_workshop": 35, "test_launch": 10}   # ssh launches, the nbgrader drill, the runner
+OTHER_SECONDS = {"test_gpu_machines": 70, "test_slurm": 10, "test_hub": 30, "test_multinode": 40, "test_workshop": 35, "test_launch": 10}   # notebook 08 on a 1-GPU machine, ssh launches, the nbgrader drill, the runner
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -111,18 +111,19 @@ def temporary_folder_of_its_own() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-_EXECUTED: dict[tuple, dict] = {}       # (name, parameters, source) → figures: one execution per test session
+_EXECUTED: dict[tuple, dict] = {}       # (name, parameters, source, machine) → figures: one execution per test session
 
 
-def run_notebook(name: str, parameters: dict | None = None, source: Path | None = None) -> dict:
+def run_notebook(name: str, parameters: dict | None = None, source: Path | None = None, machine: dict | None = None) -> dict:
     """Execute notebook ``name`` with the smoke parameters (plus ``parameters``); return its metrics (a second
-    call in the same session with the same arguments returns the first one's figures).
+    call in the same session with the same arguments returns the first one's figures). ``machine``: the course is
+    told it runs on that machine (``COURSE_MACHINE``, e.g. ``{"gpus": 1}``) while its ranks compute on the CPU.
 
     Fails the test with the failing cell and its error when the notebook does not run through. Then, in
     the same kernel, each exercise's check must raise ``ExerciseNotDone`` on the student edition's source
     of the exercise (see ``with_student_replay``): the student copy's checks fail without a second run.
     """
-    key = (name, json.dumps(parameters, sort_keys=True, default=str), str(source))
+    key = (name, json.dumps(parameters, sort_keys=True, default=str), str(source), json.dumps(machine, sort_keys=True))
     if key in _EXECUTED:
         return json.loads(json.dumps(_EXECUTED[key]))
     notebook = source or paths.NOTEBOOKS / f"{name}.ipynb"
@@ -130,7 +131,8 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     outcomes.parent.mkdir(parents=True, exist_ok=True)
     outcomes.unlink(missing_ok=True)
     runs_before = set(paths.runs_dir().glob("*")) if paths.runs_dir().exists() else set()
-    with temporary_folder_of_its_own() as scratch:
+    told = {devices.MACHINE_ENV: json.dumps(machine)} if machine else {}
+    with temporary_folder_of_its_own() as scratch, mock.patch.dict(os.environ, told):
         outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
                           {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
         left_behind = sorted(p.name for p in scratch.iterdir() if p.name not in TEMPORARY_CACHES)

@@ -1,6 +1,6 @@
 """GPU figures (`make test-gpu` on a machine with an NVIDIA GPU; skipped without one): torch.cuda's own memory
-counts beside the course's tensor accounting (03, 04, 11), the fp16 engine's own loss scaling (06) and offload
-where it moves bytes off the GPU (04). Each notebook runs once per test session (``run_notebook`` keeps its
+counts beside the course's tensor accounting (03: on one GPU its one-device runs of stages 0–3; 04; 11 with 2 GPUs or
+more), the fp16 engine's own loss scaling (06) and offload where it moves bytes off the GPU (04). Each notebook runs once per test session (``run_notebook`` keeps its
 figures), so on a GPU machine `make test` does not execute these notebooks a second time on the same worker."""
 import pytest
 import torch
@@ -12,11 +12,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.notebook,
 
 
 def test_03_cuda_allocated_holds_the_model_states_the_walk_found():
-    rows = run_notebook("03_zero_stages")["zero_memory"]
+    m = run_notebook("03_zero_stages")
+    rows = [r for r in m["zero_memory"] if r["world_size"] <= torch.cuda.device_count()]   # the others ran on CPU ranks
+    if torch.cuda.device_count() < 2:        # one GPU: the 2- and 4-rank launches ran on CPU ranks; the one-device runs
+        rows = m["one_device_memory"]        # measured every stage on the GPU
+        assert [r["stage"] for r in rows] == [0, 1, 2, 3]
     assert rows
-    rows = [r for r in rows if r["world_size"] <= torch.cuda.device_count()]    # the others ran on CPU ranks
-    if not rows:
-        pytest.skip("notebook 03 launches 2 and 4 ranks: with fewer GPUs they run on CPU ranks, without CUDA bytes")
     for r in rows:      # allocated at the measuring point: the model states, plus activations and buffers
         assert r["accelerator_peak"] >= r["accelerator_bytes"] >= r["measured_bytes"] > 0, r
 
@@ -37,5 +38,7 @@ def test_06_the_fp16_engine_scales_the_loss_itself():
 
 
 def test_11_activation_bytes_are_cuda_bytes_and_checkpointing_keeps_fewer():
+    if torch.cuda.device_count() < 2:      # said, not silently passed on CPU bytes
+        pytest.skip("notebook 11's launches need 2 ranks: with one GPU they run on CPU ranks, so no CUDA bytes to check")
     peaks = run_notebook("11_performance_and_debugging")["activation_peak_bytes"]
     assert peaks["off"] and all(peaks["off"][k] > peaks["hf"][k] > 0 for k in peaks["hf"])

@@ -36,7 +36,7 @@ def test_a_first_run_estimates_from_the_manifests_recorded_run():
 
 def test_set_up_builds_only_what_the_first_notebooks_load_and_the_rest_by_first_need():
     assert [op.name for op in ops.first_ops(ops.COURSE_OPS["cpu"])] == ["deepspeed_shm_comm"]
-    assert ops.first_ops(ops.COURSE_OPS["cuda"]) == []
+    assert [op.key for op in ops.first_ops(ops.COURSE_OPS["cuda"])] == ["deepspeed_shm_comm"]   # 00's CPU ranks on 1 GPU
     first_need = [min(op.notebooks or ("00",)).rstrip("+") for op in ops.COURSE_OPS["cpu"]]
     assert first_need == sorted(first_need)
     assert [op.name for op in ops.for_script("01_ring", ops.ALL_OPS)] == ["deepspeed_shm_comm"]
@@ -165,16 +165,3 @@ def test_a_script_without_a_notebook_prefix_waits_for_the_ops_of_the_notebook_th
     assert "async_io" in opbuild.wait_for_launch("trainer_template")
 
 
-def test_an_arch_list_deepspeed_cannot_read_gets_a_line_that_says_what_to_set(monkeypatch):
-    """Some Hopper machines set TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed's JIT builder cannot sort that entry (its own
-    error, met here without a GPU) and the op build says which value to set instead."""
-    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
-
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
-    builder = FusedAdamBuilder()
-    builder.jit_mode = True
-    with pytest.raises(ValueError) as error:
-        builder.compute_capability_args()
-    hint = ops.arch_list_hint(error.value)
-    assert "9.0a" in hint and "TORCH_CUDA_ARCH_LIST='8.0;9.0'" in hint
-    assert ops.arch_list_hint(error.value, "8.0;9.0") == "" and ops.arch_list_hint(RuntimeError("x")) == ""

@@ -44,12 +44,18 @@ def relative(path: Path | str) -> str:
         return str(p)
 
 
-def torch_extensions_dir() -> Path:
-    """Where DeepSpeed's JIT-built ops (cpu_adam, async_io, shm comm) are cached: ``<venv>/torch_extensions``,
-    so two clones or virtual environments never rebuild over each other's builds."""
-    return Path(sys.prefix) / "torch_extensions"
+def torch_extensions_dir(device: str | None = None) -> Path:
+    """Where DeepSpeed's JIT-built ops (cpu_adam, async_io, shm comm) are cached: ``<venv>/torch_extensions/<device>``,
+    so two clones or virtual environments never rebuild over each other's builds, and on a GPU machine the CPU
+    ranks' builds (``cpu``) never overwrite the CUDA builds of the same name (``cuda``). ``device``: this process's
+    (:func:`course_utils.common.devices.device`) when not given."""
+    if device is None:
+        from course_utils.common import devices
+        device = devices.device()
+    return Path(sys.prefix) / "torch_extensions" / device
 
 
 def use_course_torch_extensions() -> None:
     """Default ``TORCH_EXTENSIONS_DIR`` to :func:`torch_extensions_dir` (a value already set wins)."""
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir())

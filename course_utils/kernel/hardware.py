@@ -9,7 +9,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 
-from course_utils.common import paths
+from course_utils.common import devices, paths
 
 CPU_DEFAULT_PROCS = 2
 
@@ -23,6 +23,7 @@ class Hardware:
     backend: str = "gloo"       # what deepspeed.init_distributed() will pick
     bf16: bool = True           # bf16 supported by the accelerator
     fp16: bool = True
+    simulated: bool = False     # described (COURSE_MACHINE, the tests), not detected: its ranks compute on the CPU
 
     @property
     def default_procs(self) -> int:
@@ -51,43 +52,114 @@ class Placement:
     note: str = ""              # one sentence for the cell when the launch does not use the GPUs
 
 
-def placement(hw: Hardware, procs: int | None = None, min_ranks: int | None = None) -> Placement:
-    """The ranks of a launch on ``hw``: ``procs`` if given (else one per GPU, or 2 CPU ranks), raised to the
+def placement(hw: Hardware, procs: int | None = None, min_ranks: int | None = None, nodes: int = 1) -> Placement:
+    """The ranks of a launch on ``hw``: ``procs`` per node if given (else one per GPU, or 2 CPU ranks), raised to the
     ``min_ranks`` its lesson needs (partitioning, sharding or a world-size change mean nothing on one rank).
-    A GPU machine with fewer GPUs than that runs the launch on CPU ranks over gloo (nccl needs one GPU
-    per rank) and says so; launches about one device (offload, fp16 loss scaling, CUDA memory) give no
-    ``min_ranks`` and keep the GPU."""
+    A GPU machine with fewer GPUs than the launch starts on it (``procs`` × ``nodes``: simulated nodes and loopback
+    hosts are all on this machine) runs the launch on CPU ranks over gloo (nccl needs one GPU per rank) and says so;
+    launches about one device (offload, fp16 loss scaling, CUDA memory) give no ``min_ranks`` and keep the GPU."""
     want = procs if procs is not None else hw.default_procs
     if min_ranks is not None:
         want = max(want, min_ranks)
-    if hw.is_gpu and want > hw.gpus:
-        return Placement(want, True, f"This lesson needs {want} ranks and this machine has {hw.gpus} GPU"
-                                     f"{'s' if hw.gpus != 1 else ''}: this launch runs {want} CPU ranks over gloo "
+    here = want * max(1, nodes)
+    if hw.is_gpu and here > hw.gpus:
+        return Placement(want, True, f"This lesson needs {here} ranks and this machine has {hw.gpus} GPU"
+                                     f"{'s' if hw.gpus != 1 else ''}: this launch runs {here} CPU ranks over gloo "
                                      f"(nccl needs one GPU per rank).")
     return Placement(want)
 
 
-def cpu_ranks_env(world_size: int, gpu_machine: bool = False) -> dict[str, str]:
+def cpu_ranks_env(world_size: int, gpu_machine: bool = False, cores: int | None = None) -> dict[str, str]:
     """What makes a launch's ranks CPU ranks over gloo: DeepSpeed's CPU accelerator (no probing, no warning), the
-    cores shared instead of every rank spinning on all of them, and on a GPU machine no GPU visible to them."""
-    env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, world_size)))}
+    ``cores`` (this machine's) shared instead of every rank spinning on all of them, and on a GPU machine no GPU
+    visible to them (the rank hook hides it again after DeepSpeed's launcher has set ``CUDA_VISIBLE_DEVICES``) and
+    the CPU builds of DeepSpeed's ops, in a folder of their own (:func:`paths.torch_extensions_dir`): the CUDA
+    builds of fused_adam and cpu_adam have the same names."""
+    cores = cores or os.cpu_count() or 1
+    env = {devices.ACCELERATOR_ENV: "cpu", "OMP_NUM_THREADS": str(max(1, cores // max(1, world_size)))}
     if gpu_machine:
         env["CUDA_VISIBLE_DEVICES"] = ""
+        env["TORCH_EXTENSIONS_DIR"] = str(paths.torch_extensions_dir("cpu"))
     return env
+
+
+def simulation_env(hw: Hardware, world_size: int) -> dict[str, str]:
+    """On a described GPU machine (``COURSE_MACHINE``, :mod:`course_utils.common.devices`) with no GPU here: every
+    launch's ranks compute on the CPU, as CPU ranks of that machine would, and their ``torch.cuda`` answers as that
+    machine's would (``COURSE_SIMULATED_GPUS``). Empty elsewhere."""
+    if not (hw.simulated and hw.is_gpu):
+        return {}
+    return {**cpu_ranks_env(world_size, gpu_machine=True), devices.SIMULATED_GPUS_ENV: str(hw.gpus),
+            devices.MACHINE_ENV: ""}       # the ranks are not the described machine's kernel
+
+
+def readable_arch_list(value: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed's JIT builder can read it, or None when ``value`` reads already.
+
+    The builder sorts the entries by ``int()`` of each part (``compute_capability_args`` in
+    ``deepspeed/ops/op_builder/builder.py``), so an arch with a letter suffix, such as the ``9.0a`` NVIDIA's PyTorch
+    images set for Hopper, fails every build ("invalid literal for int() with base 10: '0a'"). Without the suffix
+    (``9.0``) the same machine builds the ops, whose kernels use no arch-specific instructions."""
+    if not value:
+        return None
+    entries = [a.strip() for a in value.replace(" ", ";").split(";") if a.strip()]
+
+    def readable(arch: str) -> bool:
+        return all(part.split("+")[0].isdigit() for part in arch.split("."))
+    if all(readable(a) for a in entries):
+        return None
+    fixed = []
+    for arch in entries:
+        plain, _, ptx = arch.partition("+")
+        plain = ".".join(part.rstrip("abcdefghijklmnopqrstuvwxyz") for part in plain.split("."))
+        item = plain + ("+" + ptx if ptx else "")
+        if item not in fixed:
+            fixed.append(item)
+    return ";".join(fixed)
+
+
+def use_readable_arch_list(environ: dict | None = None) -> str | None:
+    """Give this process (and the launches and op builds it starts) an arch list DeepSpeed can read; the one line
+    that says so, or None when nothing changed."""
+    env = os.environ if environ is None else environ
+    fixed = readable_arch_list(env.get("TORCH_CUDA_ARCH_LIST"))
+    if fixed is None:
+        return None
+    line = (f"TORCH_CUDA_ARCH_LIST={env['TORCH_CUDA_ARCH_LIST']!r} → {fixed!r} for DeepSpeed's op builds and the "
+            f"ranks: its JIT builder reads only digits there.")
+    env["TORCH_CUDA_ARCH_LIST"] = fixed
+    return line
+
+
+def describe(gpus: int, name: str = "NVIDIA H100 80GB HBM3", cores: int = 16) -> Hardware:
+    """A machine as data: ``gpus`` × ``name`` and ``cores`` CPU cores (the tests' 1-, 2- and 8-GPU machines, and
+    what ``COURSE_MACHINE`` describes)."""
+    return Hardware(accelerator="cuda" if gpus else "cpu", gpus=gpus, gpu_names=(name,) * gpus, cpu_cores=cores,
+                    backend="nccl" if gpus else "gloo", simulated=True)
 
 
 @functools.lru_cache(maxsize=None)
 def detect() -> Hardware:
-    """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once).
+    """Ask torch and DeepSpeed's accelerator what is here (cached: it imports deepspeed once), or take the machine
+    ``COURSE_MACHINE`` describes.
 
     It also points this process (and, through the environment, every launch from it) at the course's
-    JIT-built DeepSpeed ops (:func:`paths.use_course_torch_extensions`), before DeepSpeed is imported.
+    JIT-built DeepSpeed ops (:func:`paths.use_course_torch_extensions`), before DeepSpeed is imported, and gives
+    it an arch list DeepSpeed's builder can read (:func:`use_readable_arch_list`, said in one line).
     """
     paths.use_course_torch_extensions()
+    changed = use_readable_arch_list()
+    if changed:
+        print(changed, flush=True)
+    machine = devices.described()
+    if machine is not None:      # nothing here to compute on but the CPU: DeepSpeed in this process uses it, quietly
+        os.environ.setdefault(devices.ACCELERATOR_ENV, "cpu")
+        return describe(int(machine["gpus"]), machine.get("name", "NVIDIA H100 80GB HBM3"),
+                        int(machine.get("cores", os.cpu_count() or 1)))
     import torch
 
     if not torch.cuda.is_available():      # skip DeepSpeed's probing (and its warning) on a CPU machine
-        os.environ.setdefault("DS_ACCELERATOR", cpu_ranks_env(1)["DS_ACCELERATOR"])
+        os.environ.setdefault(devices.ACCELERATOR_ENV, "cpu")
     from deepspeed.accelerator import get_accelerator
 
     acc = get_accelerator()

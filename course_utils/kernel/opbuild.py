@@ -40,7 +40,7 @@ def write_state(path: Path, todo: list[_ops.Op], done: dict[str, str], building:
                 pid: int | None = None, factor: float = 1.0) -> None:
     """The builder's progress, for the waiting side: its pid, the ops to build, which now and since when, and how
     much slower than the table's estimates the ops built so far took (:class:`Pace`)."""
-    state = {"pid": pid or os.getpid(), "ops": [op.name for op in todo], "done": done, "building": building,
+    state = {"pid": pid or os.getpid(), "ops": [op.key for op in todo], "done": done, "building": building,
              "since": time.time(), "factor": factor}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")      # the starter and the build both write it
@@ -78,7 +78,7 @@ def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
     (the op being built: its estimate less its time so far; those after it: their estimates added on)."""
     if state is None:
         return []
-    table = {op.name: op.seconds for op in _ops.ALL_OPS}
+    table = {op.key: op.seconds for ops in _ops.COURSE_OPS.values() for op in ops}
     queue = [n for n in state["ops"] if n not in state["done"]]
     out, ahead = [], 0.0
     for n in queue:
@@ -93,7 +93,7 @@ def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
 
 def waiting_line(what: str, waits: list[tuple[str, float]]) -> str:
     ops = ", ".join(n for n, _ in waits)
-    needed = {op.name: op.needed_by for op in _ops.ALL_OPS}
+    needed = {op.key: op.needed_by for ops in _ops.COURSE_OPS.values() for op in ops}
     return (f"⏳ {what} waits for DeepSpeed's {ops} op{'s' if len(waits) > 1 else ''} — needed by "
             f"{needed.get(waits[0][0], 'this launch')} — building in the background: about {minutes(waits[-1][1])} "
             f"left (log: {paths.relative(paths.build_dir() / LOG)})")
@@ -125,7 +125,7 @@ def wait_for_launch(script_stem: str, quiet: bool = False) -> float:
     if state is None:
         return 0.0
     stem = script_stem if script_stem[:2].isdigit() else os.environ.get(NOTEBOOK_ENV, script_stem)
-    names = [op.name for op in _ops.for_script(stem)]
+    names = [op.key for op in _ops.for_script(stem)]
     return wait_for(names, f"This launch ({script_stem})", quiet)
 
 
@@ -140,9 +140,9 @@ def start() -> subprocess.Popen | None:
         proc = subprocess.Popen([sys.executable, "-m", "course_utils.kernel.opbuild", "--build", "--state", str(state_file())],
                                 cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    write_state(state_file(), todo, {}, todo[0].name, proc.pid, _ops.BESIDE_NOTEBOOKS)   # waiters see it from now
+    write_state(state_file(), todo, {}, todo[0].key, proc.pid, _ops.BESIDE_NOTEBOOKS)   # waiters see it from now
     total = _ops.BESIDE_NOTEBOOKS * sum(op.seconds for op in todo)
-    say(f"Building DeepSpeed's {', '.join(op.name for op in todo)} in the background (about {minutes(total)} beside "
+    say(f"Building DeepSpeed's {', '.join(op.key for op in todo)} in the background (about {minutes(total)} beside "
         f"the notebooks on 2 cores; log: {paths.relative(log)}): a notebook that needs one starts once it is built.")
     return proc
 
@@ -156,7 +156,8 @@ def stop(proc: subprocess.Popen | None, grace: float = 20.0) -> bool:
     reaper.end(groups=[proc.pid], grace=grace, rounds=1)
     proc.wait()
     if state is not None and state["building"]:      # killed while compiling: its lock would block every later build
-        lock = _ops.extensions_dir() / state["building"] / "lock"
+        op = _ops.by_key(state["building"])
+        lock = _ops.folder(op) / "lock" if op is not None else Path(os.devnull)
         if lock.exists() and lock.stat().st_mtime >= state["since"] - 1:
             lock.unlink(missing_ok=True)
     state_file().unlink(missing_ok=True)
@@ -174,8 +175,8 @@ def news(reported: dict[str, str], state: dict | None) -> list[str]:
     the op it goes on with. ``reported`` (op → what was said) is updated."""
     if state is None:
         return []
-    every = [op.name for op in _ops.course_ops()]
-    needed = {op.name: op.needed_by for op in _ops.ALL_OPS}
+    every = [op.key for op in _ops.course_ops()]
+    needed = {op.key: op.needed_by for ops in _ops.COURSE_OPS.values() for op in ops}
     lines = []
     for name, outcome in state.get("done", {}).items():
         if reported.get(name) != outcome:
@@ -252,19 +253,19 @@ def build(ops: list[_ops.Op], state: Path | None = None) -> int:
     failed, slower = 0, Pace(_ops.BESIDE_NOTEBOOKS if state is not None else 1.0)
     for op in ops:
         n = every.index(op) + 1 if op in every else 0
-        left = slower.factor * sum(o.seconds for o in ops if o.name not in done)
+        left = slower.factor * sum(o.seconds for o in ops if o.key not in done)
         if state is not None:
-            write_state(state, ops, done, building=op.name, factor=slower.factor)
+            write_state(state, ops, done, building=op.key, factor=slower.factor)
         started, cpu = time.monotonic(), _compiler_seconds()
-        with timed(f"op {n} of {len(every)}, {op.name} — needed by {op.needed_by}",
+        with timed(f"op {n} of {len(every)}, {op.key} — needed by {op.needed_by}",
                             slower.factor * op.seconds, left):
             outcome = _ops.build_one(op)
-        done[op.name] = outcome
+        done[op.key] = outcome
         failed += outcome == "failed"
         took = time.monotonic() - started
         if outcome == "built":
             slower.add(op.seconds, took)
-        say(f"  {op.name}: {outcome}" + (f" in {took:.0f} s (compilers: {_compiler_seconds() - cpu:.0f} s "
+        say(f"  {op.key}: {outcome}" + (f" in {took:.0f} s (compilers: {_compiler_seconds() - cpu:.0f} s "
                                                    f"of CPU)" if outcome == "built" else
                                                    " (cannot build here: see `ds_report`)" if outcome == "skipped" else ""))
     if state is not None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from course_utils.common import paths
+from course_utils.common import devices, paths
 
-paths.use_course_torch_extensions()      # build into (and report on) <venv>/torch_extensions, where the ranks look
+paths.use_course_torch_extensions()      # build into (and report on) <venv>/torch_extensions/<device>, where the ranks look
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,16 @@ class Op:
     #                             () = every one
     seconds: int                # build time on 2 idle cores, the estimate a learner is told: half its compilers' CPU
     #                             time (two files compile at once) and a few seconds of loading (measured 2026-11-25)
+    device: str = "cpu"         # the ranks that load it: CPU ranks, or GPU ranks (a CUDA build); each has its own folder
+
+    @property
+    def key(self) -> str:
+        """The op's name among the course's ops: its ``name``, with ``-cuda`` for a CUDA build (a GPU machine has both
+        builds of fused_adam and cpu_adam)."""
+        return self.name if self.device == "cpu" else f"{self.name}-{self.device}"
 
 
-SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch (DeepSpeed's CPU all-reduce)", (), 30)
+SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch on CPU ranks (DeepSpeed's CPU all-reduce)", (), 30)
 FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSpeed's Adam)", ("02+",), 55)
 CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08 and 10 (ZeRO-Offload)", ("04", "07", "08", "10"), 55)
 ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185)   # with pin_memory
@@ -41,22 +48,23 @@ BESIDE_NOTEBOOKS = 2.0
 
 # In build order: what the earliest notebooks load first; of two first needed by the same notebook, the longer build
 # first (async_io before cpu_adam: while it builds, the notebooks that need neither fill both lanes, and 07 and 08 wait
-# only for cpu_adam's shorter build). On a GPU the collectives go through NCCL, no shm op.
+# only for cpu_adam's shorter build). A GPU machine's GPU ranks load CUDA builds and talk over NCCL (no shm op); its
+# CPU ranks (the launches that need more ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
 ALL_OPS = (SHM, FUSED_ADAM, ASYNC_IO, CPU_ADAM)
-COURSE_OPS = {"cpu": ALL_OPS, "cuda": (FUSED_ADAM, ASYNC_IO, CPU_ADAM)}
+CUDA_OPS = tuple(replace(op, device="cuda") for op in (FUSED_ADAM, ASYNC_IO, CPU_ADAM))
+CPU_RANK_OPS = (SHM, FUSED_ADAM, CPU_ADAM)      # the 2- and 4-rank lessons' CPU ranks on a machine with fewer GPUs
+COURSE_OPS = {"cpu": ALL_OPS, "cuda": (SHM,) + CUDA_OPS + CPU_RANK_OPS[1:]}
 FIRST_NOTEBOOKS = ("00", "01")    # a fresh `make course` starts with these: set-up builds what they load
 
 
-def course_ops() -> tuple[Op, ...]:
-    """The ops of this machine's accelerator (asked of torch, without importing DeepSpeed; without even torch where
-    no NVIDIA driver is loaded, so ``make course`` starts its first notebooks a few seconds sooner)."""
-    device = os.environ.get("DS_ACCELERATOR")
-    if device is None and not Path("/proc/driver/nvidia").exists():
-        device = "cpu"
-    if device is None:
-        import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return COURSE_OPS.get(device, COURSE_OPS["cpu"])
+def course_ops(device: str | None = None) -> tuple[Op, ...]:
+    """The ops of this machine's launches (asked without importing DeepSpeed; without even torch where no NVIDIA driver
+    is loaded, so ``make course`` starts its first notebooks a few seconds sooner): :func:`devices.device`."""
+    return COURSE_OPS.get(device or devices.device(), COURSE_OPS["cpu"])
+
+
+def by_key(key: str) -> Op | None:
+    return next((op for ops in COURSE_OPS.values() for op in ops if op.key == key), None)
 
 
 def for_script(stem: str, ops: tuple[Op, ...] | None = None) -> list[Op]:
@@ -75,14 +83,22 @@ def first_ops(ops: tuple[Op, ...] | None = None) -> list[Op]:
     return [op for op in ops if any(op in for_script(f"{nb}_", ops) for nb in FIRST_NOTEBOOKS)]
 
 
-def extensions_dir() -> Path:
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or paths.torch_extensions_dir())
+def extensions_dir(device: str | None = None) -> Path:
+    """Where the ops of ``device``'s ranks are built: ``TORCH_EXTENSIONS_DIR`` for this process's own device, the
+    course's folder for the other one (a GPU machine's CPU ranks, :func:`paths.torch_extensions_dir`)."""
+    here = devices.device()
+    if device is None or device == here:
+        return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or paths.torch_extensions_dir(here))
+    return paths.torch_extensions_dir(device)
+
+
+def folder(op: Op) -> Path:
+    return extensions_dir(op.device) / op.name
 
 
 def is_built(op: Op) -> bool:
-    """Whether ``op``'s library is in the build folder and no build of it is under way (its lock file)."""
-    folder = extensions_dir() / op.name
-    return (folder / f"{op.name}.so").exists() and not (folder / "lock").exists()
+    """Whether ``op``'s library is in its build folder and no build of it is under way (its lock file)."""
+    return (folder(op) / f"{op.name}.so").exists() and not (folder(op) / "lock").exists()
 
 
 def missing(ops: tuple[Op, ...] | list[Op] | None = None) -> list[Op]:
@@ -97,38 +113,46 @@ def _builder(name: str):
 
 
 def status() -> dict[str, bool]:
-    """op name → whether it can build on this machine (compiler, headers and libraries present)."""
+    """op → whether it can build on this machine (compiler, headers and libraries present); a GPU machine's CPU-rank
+    builds are asked in a process of their own, as CPU ranks see the machine."""
     out = {}
     for op in course_ops():
+        if op.device != devices.device():
+            out[op.key] = _elsewhere(op, "status") == "can build"
+            continue
         b = _builder(op.builder)
-        out[b.name if b is not None else op.name] = bool(b is not None and b.is_compatible(verbose=False))
+        out[op.key] = bool(b is not None and b.is_compatible(verbose=False))
     return out
 
 
 def build_one(op: Op) -> str:
-    """Build (or load, when built) one op in this process: "built", "skipped" (cannot build here) or "failed"."""
+    """Build (or load, when built) one op: "built", "skipped" (cannot build here) or "failed". In this process, or, for
+    the CPU ranks of a GPU machine, in one that has their environment (DeepSpeed picks its accelerator per process)."""
+    if op.device != devices.device():
+        return _elsewhere(op, "build")
     b = _builder(op.builder)
     if b is None or not b.is_compatible(verbose=False):
         return "skipped"
     try:
         b.load(verbose=False)
     except Exception as e:  # the error is in the log; a launch that loads the op meets it again, with DeepSpeed's words
-        print(f"{op.name}: build failed: {e}" + arch_list_hint(e), file=sys.stderr, flush=True)
+        print(f"{op.name}: build failed: {e}", file=sys.stderr, flush=True)
         return "failed"
     return "built"
 
 
-def arch_list_hint(error: Exception, arch_list: str | None = None) -> str:
-    """What to change when DeepSpeed's JIT builder could not read ``TORCH_CUDA_ARCH_LIST``: it sorts the entries by
-    ``int()`` of each part (``compute_capability_args`` in ``deepspeed/ops/op_builder/builder.py``), so an arch with a
-    letter suffix such as ``9.0a`` (set on some Hopper machines) fails with "invalid literal for int()"."""
-    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if arch_list is None else arch_list
-    suffixed = [a for a in arch_list.replace(" ", ";").split(";") if a and not a.split("+")[0].replace(".", "").isdigit()]
-    if not suffixed or "invalid literal for int()" not in str(error):
-        return ""
-    plain = ";".join(dict.fromkeys(a.split("+")[0].rstrip("abcdefghijklmnopqrstuvwxyz") for a in arch_list.replace(" ", ";").split(";") if a))
-    return (f"\n  TORCH_CUDA_ARCH_LIST={arch_list!r} names {', '.join(suffixed)}: DeepSpeed's JIT builder reads only "
-            f"digits there. Set TORCH_CUDA_ARCH_LIST={plain!r} (export it, or in the notebook's environment) and build again.")
+def _elsewhere(op: Op, what: str) -> str:
+    """``what`` ("build" or "status") for ``op`` in a Python process with the environment of ``op.device``'s ranks on
+    this machine (:func:`course_utils.kernel.hardware.cpu_ranks_env`); its last line of output is the answer."""
+    import subprocess
+    from course_utils.kernel import hardware
+
+    env = {**os.environ, **hardware.cpu_ranks_env(1, gpu_machine=True)}
+    env.pop(devices.MACHINE_ENV, None)
+    done = subprocess.run([sys.executable, "-m", "course_utils.kernel.ops", what, op.key], env=env, cwd=paths.ROOT,
+                          stdout=subprocess.PIPE, text=True)
+    lines = done.stdout.strip().splitlines()
+    return lines[-1].strip() if lines else "failed"
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -150,7 +174,18 @@ def ds_report_table(report_text: str) -> list[dict]:
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] in ("build", "status"):       # one op, for a process of another device (_elsewhere)
+        op = by_key(argv[1])
+        if op is None:
+            print(f"no op {argv[1]!r}; the course's: {', '.join(o.key for ops in COURSE_OPS.values() for o in ops)}")
+            return 2
+        if argv[0] == "build":
+            print(build_one(op))
+        else:
+            print("can build" if status()[op.key] else "cannot build here")
+        return 0
     for op, ok in status().items():
         print(f"{op:24s} {'can build' if ok else 'cannot build here'}")
     return 0

@@ -17,6 +17,6 @@ pandas, matplotlib, ipywidgets); tests/test_boundary.py enforces it.
 from course_utils.common import paths as _paths
 
 # DeepSpeed's JIT-built ops (cpu_adam, async_io, shm comm) are cached per environment, in
-# <venv>/torch_extensions, where `make setup` built them. A launch passes the notebook's environment on
+# <venv>/torch_extensions/<cpu or cuda>, where `make setup` built them. A launch passes the notebook's environment on
 # to the ranks, but a script started from a terminal imports only this package, so it sets the default too.
 _paths.use_course_torch_extensions()

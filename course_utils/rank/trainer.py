@@ -17,14 +17,15 @@ import os
 from functools import partialmethod
 from typing import Any, Iterator
 
-import torch
 
+from course_utils.common import devices
 from course_utils.common.records.trainer import AutoFill
 
 
 def prepare_cpu_state() -> None:
-    """Join the launched ranks' process group (gloo) as accelerate's DeepSpeed state, on CPU only."""
-    if torch.cuda.is_available():
+    """Join the launched ranks' process group (gloo) as accelerate's DeepSpeed state, in CPU ranks only
+    (:func:`course_utils.common.devices.is_cpu_rank`: on a GPU machine a CPU rank may still see the GPU)."""
+    if not devices.is_cpu_rank():
         return
     from accelerate import PartialState
 
@@ -54,7 +55,7 @@ def training_arguments(cls: type | None = None, **kwargs: Any):
     from transformers import TrainingArguments
 
     cls = cls or TrainingArguments
-    if not torch.cuda.is_available():
+    if devices.is_cpu_rank():
         prepare_cpu_state()
         kwargs["accelerator_config"] = with_configured_state(kwargs.pop("accelerator_config", None))
     kwargs.setdefault("report_to", "none")

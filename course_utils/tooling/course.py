@@ -197,8 +197,8 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
                  f"{paths.relative(build / 'executed')}/<notebook>.kernel.log")
 
     def blocked(nb: Path) -> list:     # a notebook that runs alone compares timings: no compile beside it either
-        loads = ops.ALL_OPS if nb in alone else ops.for_script(nb.stem, ops.ALL_OPS)
-        return opbuild.pending([op.name for op in loads], state)
+        loads = ops.course_ops() if nb in alone else ops.for_script(nb.stem)
+        return opbuild.pending([op.key for op in loads], state)
 
     def left(running: dict) -> float:
         now = time.monotonic()

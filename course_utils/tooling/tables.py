@@ -1,22 +1,32 @@
-"""The README's notebook table and INSTRUCTORS.md's timing table, made from the manifest.
+"""The README's notebook table and INSTRUCTORS.md's timing table, made from the manifest; the README's GPU table and
+each notebook's "On GPUs" line, made from the notebooks' launches (:mod:`course_utils.tooling.gpu_table`).
 
-``python -m course_utils.tooling.tables`` says which table differs from what ``notebooks/manifest.toml`` makes;
-``--write`` rewrites both. tests/test_manifest.py fails while one drifts.
+``python -m course_utils.tooling.tables`` says which table differs from what they make; ``--write`` rewrites them.
+tests/test_manifest.py fails while one drifts.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from course_utils.tooling import instructors
+from course_utils.tooling import gpu_table, instructors
 from course_utils.tooling.manifest import README, README_BEGIN, README_END, between, full_rows, problems, readme_table
+
+GPU_BEGIN = "<!-- GPU table: written by `python -m course_utils.tooling.tables --write` from the notebooks' launches -->"
+GPU_END = "<!-- end of GPU table -->"
+
+
+def _readme() -> str:
+    text = between(README.read_text(), README_BEGIN, README_END, readme_table(), "README.md")
+    return between(text, GPU_BEGIN, GPU_END, gpu_table.readme_gpu_table(), "README.md")
 
 
 def tables_drift() -> list[str]:
     """Which generated tables differ from what the manifest makes (empty: all match)."""
     out = []
-    if between(README.read_text(), README_BEGIN, README_END, readme_table(), "README.md") != README.read_text():
-        out.append("README.md's notebook table")
+    if _readme() != README.read_text():
+        out.append("README.md's notebook or GPU table")
+    out += [f"{stem}'s \"On GPUs\" line" for stem in gpu_table.box_drift()]
     guide = instructors.GUIDE.read_text()
     if instructors.with_table(guide, instructors.render(full_rows())) != guide:
         out.append("INSTRUCTORS.md's timing table")
@@ -26,7 +36,8 @@ def tables_drift() -> list[str]:
 def write_tables() -> list[str]:
     """Rewrite the README's and INSTRUCTORS.md's tables from the manifest; which ones changed."""
     changed = tables_drift()
-    README.write_text(between(README.read_text(), README_BEGIN, README_END, readme_table(), "README.md"))
+    README.write_text(_readme())
+    gpu_table.box_drift(write=True)
     instructors.GUIDE.write_text(instructors.with_table(instructors.GUIDE.read_text(), instructors.render(full_rows())))
     return changed
 

@@ -30,9 +30,11 @@ def rank_environment(run_dir: Path, world_size: int, extra: Mapping[str, Any] | 
     for name, value in QUIET_ENV.items():
         env.setdefault(name, value)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RANK_HOOK), str(paths.ROOT), env.get("PYTHONPATH")) if p)
-    if not hardware.detect().is_gpu:
+    hw = hardware.detect()
+    if not hw.is_gpu:
         for name, value in hardware.cpu_ranks_env(world_size).items():
             env.setdefault(name, value)
+    env.update(hardware.simulation_env(hw, world_size))     # a described GPU machine: its ranks compute on the CPU
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
 

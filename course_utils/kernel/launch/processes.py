@@ -84,13 +84,15 @@ def release_build_locks(since: float, folder: Path | None = None) -> list[Path]:
     while compiling an op (the first launch builds DeepSpeed's shm all-reduce) leaves ``<op>/lock`` behind, and
     every later build of that op would wait for it forever. Only locks created at or after ``since`` (the
     launch's start, wall clock) are touched. Returns what was removed."""
-    root = folder or Path(os.environ.get("TORCH_EXTENSIONS_DIR") or paths.torch_extensions_dir())
-    removed = []
+    from course_utils.kernel import ops
     from course_utils.kernel.opbuild import building_now     # the background op build's lock is its own, not the launch's
-    busy = building_now()
-    for lock in root.glob("*/lock"):
+    roots = [folder] if folder else sorted({ops.extensions_dir(), paths.torch_extensions_dir("cpu")})  # a GPU machine's CPU ranks build in the second
+    busy = ops.by_key(building_now() or "")
+    busy_lock = ops.folder(busy) / "lock" if busy is not None else None
+    removed = []
+    for lock in (lock for root in roots for lock in root.glob("*/lock")):
         try:
-            if lock.stat().st_mtime >= since and lock.parent.name != busy:
+            if lock.stat().st_mtime >= since and lock != busy_lock:
                 lock.unlink()
                 removed.append(lock)
         except OSError:

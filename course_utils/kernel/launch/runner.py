@@ -65,12 +65,29 @@ def deepspeed(script: str | Path, *script_args: Any, procs: int | None = None, m
     if unknown:
         raise TypeError(f"deepspeed() has no setting {', '.join(map(repr, unknown))}; its settings are procs, "
                         f"min_ranks and {', '.join(LaunchOptions.settings())}")
-    place = hardware.placement(hardware.detect(), procs, min_ranks)
+    hw = hardware.detect()
+    place = hardware.placement(hw, procs, min_ranks, _nodes_here(settings))
     if place.cpu_on_gpu_machine:
         settings["env"] = {**(settings.get("env") or {}), **hardware.cpu_ranks_env(place.procs, gpu_machine=True)}
         if not settings.get("quiet"):
             print(place.note, flush=True)
     return run(script, script_args, LaunchOptions(procs=place.procs, **settings))
+
+
+def _nodes_here(settings: dict) -> int:
+    """How many of a launch's nodes are this machine: simulated ``nodes``, or the loopback addresses among ``hosts``
+    (their ranks share this machine's GPUs)."""
+    import ipaddress
+
+    def loopback(host: str) -> bool:
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host == "localhost"
+    hosts = settings.get("hosts")
+    if hosts:
+        return max(1, sum(map(loopback, hosts)))
+    return settings.get("nodes") or 1
 
 
 deepspeed.__signature__ = LaunchOptions.signature_of(deepspeed)    # help() and the notebook's tooltip list them

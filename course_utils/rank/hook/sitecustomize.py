@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from course_utils.common import run_folder
+from course_utils.common import devices, run_folder
 
 # The rank itself: launched with RANK set, and the first process of the launch to load this hook with it
 # (a rank's own children, a DataLoader worker or a compile worker, inherit COURSE_RANK_PID and are not ranks).
@@ -231,8 +231,7 @@ def _trainer_joins_the_cpu_ranks():
     course's own scripts call through ``training_arguments``), and rank 0 says so once in its log.
     ``COURSE_HOOK_TRAINER=0`` in the launch's environment leaves the Trainer as it is (notebook 08 shows why).
     """
-    if not (_IS_RANK and os.environ.get("DS_ACCELERATOR") == "cpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1
-            and os.environ.get("COURSE_HOOK_TRAINER", "1") != "0"):
+    if not (_IS_RANK and int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("COURSE_HOOK_TRAINER", "1") != "0"):
         return
 
     def patch(module):
@@ -240,7 +239,7 @@ def _trainer_joins_the_cpu_ranks():
         post_init = cls.__post_init__
 
         def __post_init__(self):
-            if self.deepspeed:
+            if self.deepspeed and devices.is_cpu_rank():
                 from course_utils.rank.trainer import prepare_cpu_state, with_configured_state
                 prepare_cpu_state()
                 self.accelerator_config = with_configured_state(self.accelerator_config)
@@ -255,6 +254,39 @@ def _trainer_joins_the_cpu_ranks():
     _PATCHES["transformers.training_args"] = patch
 
 
+def _cpu_ranks_see_no_gpu():
+    """A CPU rank sees no GPU, also on a GPU machine.
+
+    The course makes a launch's ranks CPU ranks with ``DS_ACCELERATOR=cpu`` and an empty ``CUDA_VISIBLE_DEVICES``,
+    but DeepSpeed's launcher then sets ``CUDA_VISIBLE_DEVICES`` for every rank it starts, whatever its accelerator
+    (``deepspeed/launcher/launch.py``: ``--num_gpus 2`` → ``0,1``). Left so, torch in a CPU rank sees the GPU, and
+    whatever asks ``torch.cuda.is_available()`` (accelerate, the Trainer) takes the GPU path in a rank whose
+    DeepSpeed runs on the CPU. Hidden again here, before the script imports torch
+    (:func:`course_utils.common.devices.is_cpu_rank` decides; without ``DS_ACCELERATOR`` nothing is asked here).
+    """
+    if _IS_RANK and os.environ.get(devices.ACCELERATOR_ENV) and devices.is_cpu_rank():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _cuda_as_the_described_machine():
+    """In a rank of a described GPU machine (``COURSE_SIMULATED_GPUS``: the tests run a GPU machine's decisions
+    without a GPU), ``torch.cuda.is_available()`` and ``device_count()`` answer as that machine's CUDA would, from
+    ``CUDA_VISIBLE_DEVICES`` (:func:`course_utils.common.devices.visible_gpus`); the rank computes on the CPU."""
+    gpus = os.environ.get(devices.SIMULATED_GPUS_ENV)
+    if not gpus:
+        return
+
+    def patch(module):
+        def device_count():
+            return devices.visible_gpus(int(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        module.device_count = device_count
+        module.is_available = lambda: device_count() > 0
+
+    _PATCHES["torch.cuda"] = patch
+
+
 _compile_muon_kernels_when_first_called()
 _trainer_joins_the_cpu_ranks()
+_cpu_ranks_see_no_gpu()
+_cuda_as_the_described_machine()
 sys.meta_path.insert(0, _PatchAfterImport())
