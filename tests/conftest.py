@@ -133,6 +133,9 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     runs_before = set(paths.runs_dir().glob("*")) if paths.runs_dir().exists() else set()
     told = {devices.MACHINE_ENV: json.dumps(machine)} if machine else {}
     with temporary_folder_of_its_own() as scratch, mock.patch.dict(os.environ, told):
+        if machine:     # what this CPU process was told about its own ops and accelerator is not the GPU machine's
+            for variable in ("TORCH_EXTENSIONS_DIR", devices.ACCELERATOR_ENV):
+                os.environ.pop(variable, None)
         outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
                           {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
         left_behind = sorted(p.name for p in scratch.iterdir() if p.name not in TEMPORARY_CACHES)

@@ -28,6 +28,8 @@ def machine(monkeypatch):
     """Tell this process it is on ``gpus`` × H100 (``COURSE_MACHINE``), as a notebook's kernel would be told."""
     def tell(gpus: int, **environ: str) -> hardware.Hardware:
         monkeypatch.setenv(devices.MACHINE_ENV, json.dumps({"gpus": gpus, "name": "NVIDIA H100 80GB HBM3", "cores": 16}))
+        monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)     # this CPU process's: the kernel of a GPU machine
+        monkeypatch.delenv(devices.ACCELERATOR_ENV, raising=False)    # is told neither
         for name, value in environ.items():
             monkeypatch.setenv(name, value)
         hardware.detect.cache_clear()
@@ -57,6 +59,8 @@ def test_eight_gpus_run_every_lesson_on_them_and_a_laptop_runs_two_cpu_ranks():
     from course_utils.tooling import manifest
 
     most = max(int(entry.get("ranks", 2)) for entry in manifest.load().values())
+    assert most == hardware.MOST_RANKS
+    assert "CPU ranks" in MACHINES[2].line() and "CPU ranks" not in MACHINES[8].line()
     assert not hardware.placement(MACHINES[8], None, most).cpu_on_gpu_machine
     assert MACHINES[8].default_procs == 8 and MACHINES[1].default_procs == 1
     assert hardware.placement(LAPTOP, None, 2) == hardware.Placement(2)

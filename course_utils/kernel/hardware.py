@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from course_utils.common import devices, paths
 
 CPU_DEFAULT_PROCS = 2
+MOST_RANKS = 4      # the most ranks one launch of the course starts on one machine (notebooks 01, 03, 13)
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,11 @@ class Hardware:
     def line(self) -> str:
         """One sentence for the top of a notebook."""
         if self.is_gpu:
-            return (f"This machine: {self.gpus} × {self.gpu_names[0]} → {self.default_procs} ranks over "
-                    f"{self.backend}; CUDA memory is measured alongside the tensor accounting.")
+            fewer = (f" A launch whose lesson needs more ranks than {self.gpus} runs on CPU ranks over gloo, and its "
+                     f"cell says so." if self.gpus < MOST_RANKS else "")
+            return (f"This machine: {self.gpus} × {self.gpu_names[0]} → {self.default_procs} "
+                    f"rank{'s' if self.default_procs > 1 else ''} over {self.backend}, one per GPU; CUDA memory is "
+                    f"measured alongside the tensor accounting.{fewer}")
         return (f"This machine: no GPU, {self.cpu_cores} CPU cores → {self.default_procs} CPU ranks over "
                 f"{self.backend}. Everything runs for real, only slower; on a GPU machine the same "
                 f"cells use nccl with one rank per GPU and also report CUDA memory.")
