@@ -135,6 +135,9 @@ def run_profiled(base: dict, steps: int, seq_len: int, device: str, ar_repeats: 
     rank0_print(f"{steps} profiled steps; all_reduce timed at {len(AR_SIZES)} sizes")
 
 
+PARTS = ("accumulation", "activations", "profiled")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--accumulation_steps", type=int, default=6, help="optimizer steps per accumulation setting")
@@ -149,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=6, help="steps of the profiled engine")
     parser.add_argument("--seq_len", type=int, default=64, help="tokens per sample of the profiled engine")
     parser.add_argument("--ar_repeats", type=int, default=5)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to run (a machine with one GPU runs the activations on it, the rest on 2 CPU ranks)")
     return parser
 
 
@@ -161,10 +166,13 @@ def main(argv=None) -> None:
     loop, loop_name = perf.accumulate, "course"
     if args.accumulate_file:
         loop, loop_name = load_exercise(args.accumulate_file, ["accumulate"])["accumulate"], "yours"
-    run_accumulation(base, args.accumulation_steps, loop, loop_name, device)
-    run_activations(base, args.seq_lens, args.batches, tuple(args.hidden), device, args.repeats, args.timed,
-                    tuple(args.time_at) if args.time_at else None)
-    run_profiled(base, args.steps, args.seq_len, device, args.ar_repeats)
+    if "accumulation" in args.parts:
+        run_accumulation(base, args.accumulation_steps, loop, loop_name, device)
+    if "activations" in args.parts:
+        run_activations(base, args.seq_lens, args.batches, tuple(args.hidden), device, args.repeats, args.timed,
+                        tuple(args.time_at) if args.time_at else None)
+    if "profiled" in args.parts:
+        run_profiled(base, args.steps, args.seq_len, device, args.ar_repeats)
     finish()
 
 
