@@ -19,6 +19,9 @@ from course_utils.common.record import record
 from course_utils.common.records.zero import (Comms, GradPeak, Inventory, Ownership, Partition, YourConfig,
     ZeroMemory)
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print, read_config
+from course_utils.common.zero_rules import OPTIMIZER_TO_HOST, STATES_TO_HOST   # notebook 04's offload rungs
+
+OFFLOAD = {"": {}, "optimizer": OPTIMIZER_TO_HOST, "optimizer+params": STATES_TO_HOST}
 
 
 def persistent_numel(module, stage: int, threshold: float) -> int:
@@ -37,10 +40,11 @@ def stepped_engine(config: dict):
     return engine, psi
 
 
-def measure(stage: int, dtype: str) -> None:
-    """Build, take one full step (so Adam's states exist), then measure after the next backward."""
+def measure(stage: int, dtype: str, offload: str = "") -> None:
+    """Build, take one full step (so Adam's states exist), then measure after the next backward. ``offload``:
+    "optimizer" (offload_optimizer to the host) or "optimizer+params" (offload_param too, stage 3)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    config = comms.with_comms_logger(ds_config(stage, dtype))
+    config = comms.with_comms_logger(ds_config(stage, dtype, **OFFLOAD[offload]))
     engine, psi = stepped_engine(config)
     with comms.logged() as window:                   # every collective of one whole training step
         forward_backward(engine, 1)                  # model states as the step finds them: grads are held
@@ -53,7 +57,12 @@ def measure(stage: int, dtype: str) -> None:
     record(ZeroMemory(stage=stage, world_size=world_size, dtype=dtype, rank=rank, num_params=psi, measured=measured,
                       accelerator=accelerator_bytes(), optimizer_class=type(engine.optimizer).__name__,
                       persistent_numel=persistent_numel(engine.module, stage, threshold),
-                      grad_partition_numel=grad_partition))
+                      grad_partition_numel=grad_partition, offload=offload))
+    rank0_print(f"stage {stage}{' + offload ' + offload if offload else ''} {dtype}: {type(engine.optimizer).__name__:32s} "
+                + "  ".join(f"{k}={v / 2**20:7.1f} MiB" for k, v in measured.items()))
+    if offload:         # the offload runs add where the states live, nothing to the comms and inventory views
+        release(engine)
+        return
     if rank == 0:
         record(Inventory(stage=stage, dtype=dtype, tensors=[vars(e) for e in inventory if e.nbytes >= 1 << 16]))
     if rank == 0:
@@ -61,8 +70,6 @@ def measure(stage: int, dtype: str) -> None:
                      owned_numel=owned_numel(engine, stage, psi), messages=window.messages))
     if dtype == "fp32":
         record(ownership(engine, stage))
-    rank0_print(f"stage {stage} {dtype}: {type(engine.optimizer).__name__:32s} "
-                + "  ".join(f"{k}={v / 2**20:7.1f} MiB" for k, v in measured.items()))
     release(engine)
 
 
@@ -215,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad_peaks", action="store_true", help="also the gradient bytes during backward, "
                         "stages 1-2, gradient_accumulation_steps 1 and 2")
     parser.add_argument("--yours", help="also a config file of your own, measured the same way")
+    parser.add_argument("--offload", action="store_true", help="also stage 2 + offload_optimizer and stage 3 + "
+                        "offload_optimizer + offload_param (to the host), in the first dtype")
     return parser
 
 
@@ -224,6 +233,9 @@ def main(argv=None) -> None:
     for dtype in args.dtypes:
         for stage in args.stages if dtype != "bf16" or args.bf16_stages is None else args.bf16_stages:
             measure(stage, dtype)
+    if args.offload:
+        measure(2, args.dtypes[0], "optimizer")
+        measure(3, args.dtypes[0], "optimizer+params")
     if args.yours:
         measure_yours(args.yours)
     if args.regather:

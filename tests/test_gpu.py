@@ -15,8 +15,11 @@ def test_03_cuda_allocated_holds_the_model_states_the_walk_found():
     m = run_notebook("03_zero_stages")
     rows = [r for r in m["zero_memory"] if r["world_size"] <= torch.cuda.device_count()]   # the others ran on CPU ranks
     if torch.cuda.device_count() < 2:        # one GPU: the 2- and 4-rank launches ran on CPU ranks; the one-device runs
-        rows = m["one_device_memory"]        # measured every stage on the GPU
-        assert [r["stage"] for r in rows] == [0, 1, 2, 3]
+        one = {(r["stage"], r["offload"]): r for r in m["one_device_memory"]}     # measured every stage on the GPU
+        assert sorted(one) == [(0, ""), (1, ""), (2, ""), (2, "optimizer"), (3, ""), (3, "optimizer+params")]
+        assert one[2, "optimizer"]["accelerator_bytes"] < one[2, ""]["accelerator_bytes"]
+        assert one[3, "optimizer+params"]["accelerator_bytes"] < one[3, ""]["accelerator_bytes"]
+        rows = [r for r in one.values() if not r["offload"]]
     assert rows
     for r in rows:      # allocated at the measuring point: the model states, plus activations and buffers
         assert r["accelerator_peak"] >= r["accelerator_bytes"] >= r["measured_bytes"] > 0, r

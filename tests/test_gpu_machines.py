@@ -147,6 +147,9 @@ def test_a_gpu_machine_builds_the_ops_its_cpu_ranks_load_in_a_folder_of_their_ow
     assert len(set(folders)) == len(gpu_set), "a CPU build and a CUDA build of one op in one folder"
     assert len({op.key for op in gpu_set}) == len(gpu_set)
     assert paths.torch_extensions_dir("cpu") != paths.torch_extensions_dir("cuda")
+    # 03 measures offload on one GPU only: the CUDA cpu_adam is waited for there, a CPU machine's 03 waits for nothing
+    assert "cpu_adam-cuda" in {op.key for op in ops.for_script("03_zero_stages", gpu_set)}
+    assert "cpu_adam" not in {op.key for op in ops.for_script("03_zero_stages", ops.course_ops("cpu"))}
 
 
 def test_make_ops_on_a_gpu_machine_builds_the_cpu_ranks_ops_as_a_cpu_rank_would(machine):

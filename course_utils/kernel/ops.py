@@ -51,7 +51,9 @@ BESIDE_NOTEBOOKS = 2.0
 # only for cpu_adam's shorter build). A GPU machine's GPU ranks load CUDA builds and talk over NCCL (no shm op); its
 # CPU ranks (the launches that need more ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
 ALL_OPS = (SHM, FUSED_ADAM, ASYNC_IO, CPU_ADAM)
-CUDA_OPS = tuple(replace(op, device="cuda") for op in (FUSED_ADAM, ASYNC_IO, CPU_ADAM))
+CUDA_OPS = (replace(FUSED_ADAM, device="cuda"), replace(ASYNC_IO, device="cuda"),    # 03 offloads on one GPU too
+            replace(CPU_ADAM, device="cuda", needed_by="notebooks 03, 04, 07, 08 and 10 (ZeRO-Offload)",
+                    notebooks=("03",) + CPU_ADAM.notebooks))
 CPU_RANK_OPS = (SHM, FUSED_ADAM, CPU_ADAM)      # the 2- and 4-rank lessons' CPU ranks on a machine with fewer GPUs
 COURSE_OPS = {"cpu": ALL_OPS, "cuda": (SHM,) + CUDA_OPS + CPU_RANK_OPS[1:]}
 FIRST_NOTEBOOKS = ("00", "01")    # a fresh `make course` starts with these: set-up builds what they load

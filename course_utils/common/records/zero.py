@@ -20,6 +20,7 @@ class ZeroMemory(Record, name="zero_memory"):
     optimizer_class: str
     persistent_numel: int         # stage 3: elements of the parameters kept whole on every rank
     grad_partition_numel: int     # stage 1/2: elements of the whole parameters touching this rank's partition
+    offload: str = ""             # "", "optimizer" (offload_optimizer to the host) or "optimizer+params"
 
 
 @dataclass

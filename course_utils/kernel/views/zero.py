@@ -61,7 +61,7 @@ def zero_memory_rows(records: list[dict], param_numels: list[int]) -> list[dict]
         edge = edge_grad_numel(param_numels, n, r.rank, BYTES_PER_PARAM[dtype]["grads"]) if stage in (1, 2) else None
         expected = deepspeed_expected(psi, stage, n, dtype, edge, r.persistent_numel)
         m = r.measured
-        rows.append({"stage": stage, "world_size": n, "dtype": dtype, "rank": r.rank,
+        rows.append({"stage": stage, "world_size": n, "dtype": dtype, "rank": r.rank, "offload": r.offload,
                      "predicted_grads": expected["grads"],
                      "params": m["params"], "grads": m["grads"], "optimizer": m["optimizer"],
                      "buffers": m["buffers"], "measured_bytes": m["model_states"],
@@ -71,7 +71,7 @@ def zero_memory_rows(records: list[dict], param_numels: list[int]) -> list[dict]
     for row in rows:
         row["vs_formula"] = row["measured_bytes"] / row["formula_bytes"] - 1
         row["vs_adjusted"] = row["measured_bytes"] / row["adjusted_bytes"] - 1
-    return sorted(rows, key=lambda r: (r["world_size"], r["dtype"], r["stage"], r["rank"]))
+    return sorted(rows, key=lambda r: (r["world_size"], r["dtype"], r["stage"], r["offload"], r["rank"]))
 
 
 def partition_table(records: list[dict]):
