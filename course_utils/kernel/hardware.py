@@ -158,8 +158,8 @@ def detect() -> Hardware:
     machine = devices.described()
     if machine is not None:      # nothing here to compute on but the CPU: DeepSpeed in this process uses it, quietly
         os.environ.setdefault(devices.ACCELERATOR_ENV, "cpu")
-        return describe(int(machine["gpus"]), machine.get("name", "NVIDIA H100 80GB HBM3"),
-                        int(machine.get("cores", os.cpu_count() or 1)))
+        return describe(int(machine["gpus"]), cores=int(machine.get("cores", os.cpu_count() or 1)),
+                        **{"name": machine["name"]} if "name" in machine else {})
     import torch
 
     if not torch.cuda.is_available():      # skip DeepSpeed's probing (and its warning) on a CPU machine

@@ -117,14 +117,15 @@ def _builder(name: str):
 def status() -> dict[str, bool]:
     """op → whether it can build on this machine (compiler, headers and libraries present); a GPU machine's CPU-rank
     builds are asked in a process of their own, as CPU ranks see the machine."""
-    out = {}
-    for op in course_ops():
-        if op.device != devices.device():
-            out[op.key] = _elsewhere(op, "status") == "can build"
-            continue
-        b = _builder(op.builder)
-        out[op.key] = bool(b is not None and b.is_compatible(verbose=False))
-    return out
+    return {op.key: can_build(op) for op in course_ops()}
+
+
+def can_build(op: Op) -> bool:
+    """Whether ``op`` can build on this machine, asked as its ranks see the machine (:func:`_elsewhere`)."""
+    if op.device != devices.device():
+        return _elsewhere(op, "status") == "can build"
+    b = _builder(op.builder)
+    return bool(b is not None and b.is_compatible(verbose=False))
 
 
 def build_one(op: Op) -> str:
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "build":
             print(build_one(op))
         else:
-            print("can build" if status()[op.key] else "cannot build here")
+            print("can build" if can_build(op) else "cannot build here")
         return 0
     for op, ok in status().items():
         print(f"{op:24s} {'can build' if ok else 'cannot build here'}")

@@ -23,6 +23,11 @@ MACHINES = (1, 2, 8)
 BOX_PREFIX = "> **On GPUs**"
 
 
+def _evaluate(node: ast.expr, names: dict):
+    """The value of one expression of a notebook's code, its names looked up in ``names``."""
+    return eval(compile(ast.Expression(node), "<notebook>", "eval"), {}, names)
+
+
 class _Names(dict):
     """A namespace that evaluates a notebook's own assignment of a name the first time it is asked for."""
 
@@ -33,7 +38,7 @@ class _Names(dict):
     def __missing__(self, name: str):
         if name not in self.assignments:
             raise KeyError(name)
-        value = eval(compile(ast.Expression(self.assignments[name]), "<notebook>", "eval"), {}, self)
+        value = _evaluate(self.assignments[name], self)
         self[name] = value
         return value
 
@@ -69,7 +74,7 @@ def _runs(conditions: list, names: dict) -> bool:
     notebook's own cells (an exercise's answer, say) counts as taken."""
     for test, branch in conditions:
         try:
-            if bool(eval(compile(ast.Expression(test), "<if>", "eval"), {}, names)) != branch:
+            if bool(_evaluate(test, names)) != branch:
                 return False
         except Exception:
             continue
@@ -91,7 +96,7 @@ def launches(notebook: Path, hw: hardware.Hardware) -> list[tuple[str, int]]:
         for kw in call.keywords:
             if kw.arg in ("procs", "min_ranks", "nodes", "env"):
                 try:
-                    given[kw.arg] = eval(compile(ast.Expression(kw.value), "<launch>", "eval"), {}, names)
+                    given[kw.arg] = _evaluate(kw.value, names)
                 except Exception as e:
                     raise ValueError(f"{notebook.name}, line {call.lineno} of its cell: cannot work out "
                                      f"{kw.arg}={ast.unparse(kw.value)} ({type(e).__name__}: {e})") from None
