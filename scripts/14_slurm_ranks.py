@@ -55,7 +55,9 @@ def main(argv=None) -> None:
     print(f"rank {rank}/{world_size} local_rank {me.local_rank} node_rank {me.node_rank} on Slurm node {me.node} "
           f"(SLURM_NODEID {me.slurm_nodeid}): all_reduce(rank + 1) = {me.all_reduce:.0f}", flush=True)
     record(me)
-    if "mpi4py.MPI" in sys.modules:      # DeepSpeed asked MPI: mpirun fails a job whose ranks end without Finalize
+    # DeepSpeed asked MPI: mpirun fails a job whose ranks end without MPI_Finalize. mpi4py calls it at a normal exit,
+    # but finish() leaves through os._exit, which skips that: call it here.
+    if "mpi4py.MPI" in sys.modules:
         sys.modules["mpi4py.MPI"].Finalize()
     finish()
 

@@ -45,8 +45,15 @@ def test_deepspeed_under_slurm_three_ways_and_the_drills():
     for way in ("slurm (fixed)", "openmpi"):
         assert [(r.node_rank, r.local_rank) for r in _ranks(launches[way])] == [(None, 0), (None, 1)], way
         assert {r.master_addr for r in _ranks(launches[way])} != {"127.0.0.1"}, "MPI discovery's own address"
+    # every launch ended on its own: its exit code is the launcher's, not set by the course
+    assert all(not launches[w]["error"] for w in ("srun", "slurm (fixed)", "openmpi"))
+    # --no_ssh without a hostfile: node 0's launcher trains alone in a world of 1, node 1's fails its assertion
+    alone = m["no_hostfile"]
+    assert [(r.rank, r.node, r.world_size, r.master_addr) for r in _ranks(alone)] == [(0, "n1", 1, "127.0.0.1")]
+    assert alone["exit_code"] != 0 and "--node_rank is not set correctly" in alone["output"]
     # the exercise's batch job, the crash, the drained node
     assert m["sbatch_job_state"] == "COMPLETED"
+    assert m["sbatch_job_nodes"] == 2 and m["sbatch_node_files"] == 2
     assert sorted((r.node, r.node_rank) for r in as_records(m["sbatch_ranks"], SlurmRank)) == [("n1", 0), ("n2", 1)]
     assert m["crash_exit_code"] != 0 and m["crash_first_failing_rank"] == 1
     assert "n2: task 1: Exited with exit code 1" in m["crash_srun_line"]

@@ -59,6 +59,22 @@ class SlurmLaunch:
         found = [ln.strip() for ln in self.output.splitlines() if any(m in ln for m in marks)]
         return "\n".join(found[-lines:]) or (self.output.strip().splitlines() or [""])[-1]
 
+    def task_lines(self) -> str:
+        """What happened to each task, in the order it was said: ``srun``'s lines naming a task and MPI's own
+        "An error occurred in ..." line (which call a task died in)."""
+        return "\n".join(ln.strip() for ln in self.output.splitlines()
+                         if (ln.startswith("srun: error:") and ": task " in ln) or "error occurred in" in ln)
+
+
+def pmi_option(cluster: SlurmCluster, mpi: str = "pmix") -> str:
+    """The ``srun`` option that gives a step's tasks the ``mpi`` process-management interface, when this cluster's
+    ``srun --mpi=list`` offers it (Open MPI 4.1, which the course's ranks use, speaks PMIx)."""
+    offered = cluster.command("srun", "--mpi=list").stdout.split()
+    if mpi not in offered:
+        raise RuntimeError(f"this cluster's srun offers no {mpi} plugin ({' '.join(offered)}): Open MPI's ranks cannot "
+                           f"learn their place from it; install Slurm's {mpi} plugin (Debian: slurm-wlm's libpmix)")
+    return f"--mpi={mpi}"
+
 
 def available(what: str) -> bool:
     """True when this machine can run the course's Slurm cluster; otherwise print why ``what`` is skipped."""
@@ -92,25 +108,28 @@ def master_addr(cluster: SlurmCluster, node: str) -> str:
 
 
 def job_command(cluster: SlurmCluster, way: str, script: Path, script_args: list[str], run_dir: Path,
-                port: int, job_name: str, launcher_args: str = "") -> list[str]:
+                port: int, job_name: str, launcher_args: str = "", hostfile: bool = True,
+                kill_on_bad_exit: bool = True) -> list[str]:
     """The command line of ``way`` (:data:`WAYS`) for one rank per node on every node of the cluster;
-    ``launcher_args``: more options for the ``srun`` (``slurm``) or ``mpirun`` (``openmpi``) DeepSpeed builds."""
+    ``launcher_args``: more options for the ``srun`` (``slurm``) or ``mpirun`` (``openmpi``) DeepSpeed builds.
+    For ``"srun"`` only: ``hostfile=False`` leaves DeepSpeed's hostfile out (each launcher then sees only its own
+    node), ``kill_on_bad_exit=False`` lets the other nodes go on when one task fails."""
     nodes = list(cluster.nodes)
-    hostfile = paths.relative(write_hostfile(run_dir, nodes, 1))
+    hosts = ["--hostfile", paths.relative(write_hostfile(run_dir, nodes, 1))] if hostfile or way != "srun" else []
     cli, target = deepspeed_cli(), [paths.relative(script), *script_args]
     master = ["--master_addr", master_addr(cluster, nodes[0]), "--master_port", str(port)]
     if way == "srun":
-        node_cmd = shlex.join([cli, "--hostfile", hostfile, "--no_ssh", *master, *target]).replace(
+        node_cmd = shlex.join([cli, *hosts, "--no_ssh", *master, *target]).replace(
             " --no_ssh ", " --no_ssh --node_rank=$SLURM_NODEID ")
         return ["srun", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
-                "--kill-on-bad-exit=1", "bash", "-c", node_cmd]
+                *(["--kill-on-bad-exit=1"] if kill_on_bad_exit else []), "bash", "-c", node_cmd]
     if way == "slurm":
-        return [cli, "--hostfile", hostfile, "--launcher", "slurm", "--no_ssh_check", *master,
+        return [cli, *hosts, "--launcher", "slurm", "--no_ssh_check", *master,
                 "--launcher_args", f"{launcher_args} --ntasks-per-node=1 --kill-on-bad-exit=1 "
                 f"--job-name={job_name}".strip(), *target]
     if way == "openmpi":
         return ["salloc", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
-                cli, "--hostfile", hostfile, "--launcher", "openmpi", "--no_ssh_check", *master,
+                cli, *hosts, "--launcher", "openmpi", "--no_ssh_check", *master,
                 "--launcher_args", f"{launcher_args} --mca btl_tcp_if_include lo".strip(), *target]
     raise ValueError(f"way must be one of {WAYS}, not {way!r}")
 
@@ -121,13 +140,16 @@ def shown(cmd: list[str]) -> str:
 
 
 def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCRIPT, timeout: float = 90.0,
-           launcher_args: str = "", quiet: bool = False) -> SlurmLaunch:
-    """Launch ``script`` one rank per node on the cluster ``way`` (:data:`WAYS`; ``launcher_args``: see
-    :func:`job_command`), print the command and the output, and return what it did. Past ``timeout`` seconds the job is cancelled and every process of it ended."""
+           launcher_args: str = "", quiet: bool = False, **srun_options: bool) -> SlurmLaunch:
+    """Launch ``script`` one rank per node on the cluster ``way`` (:data:`WAYS`; ``launcher_args`` and
+    ``srun_options`` (``hostfile``, ``kill_on_bad_exit``): see :func:`job_command`), print the command and the
+    output, and return what it did. The launch ends on its own; past ``timeout`` seconds the job is cancelled and
+    every process of it ended."""
     script_path = resolve_script(script)
     run_dir = new_run_dir(script_path, f"slurm-{way}")
     port, job_name = free_port(), f"course-{run_dir.name[-6:]}"
-    cmd = job_command(cluster, way, script_path, [str(a) for a in script_args], run_dir, port, job_name, launcher_args)
+    cmd = job_command(cluster, way, script_path, [str(a) for a in script_args], run_dir, port, job_name, launcher_args,
+                      **srun_options)
     if not quiet:
         print(f"$ {shown(cmd)}", flush=True)
     started = time.monotonic()
@@ -139,7 +161,7 @@ def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCR
     reader.start()
     try:
         outcome = _supervise(proc, run_dir, started + timeout)
-        if outcome is not None:         # every rank is done (or timed out): the launchers need not idle to their end
+        if outcome is not None:         # timed out, or stuck after every rank finished
             _cancel(cluster, job_name, proc)
     except BaseException:               # an interrupted cell
         _cancel(cluster, job_name, proc)
@@ -149,8 +171,11 @@ def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCR
         release_shm_buffers(port)
         reader.join(timeout=5)
     output = "".join(lines)
-    timed_out = outcome == "timeout"
-    code = {"timeout": 124, "finished": 0}.get(outcome, proc.returncode)
+    timed_out = outcome is not None
+    if outcome == "stuck":
+        output += (f"\n(the course cancelled the launch: every rank had finished, but it had not ended "
+                   f"{ENDING_GRACE:.0f} s later)\n")
+    code = 124 if timed_out else proc.returncode
     result = SlurmLaunch(way=way, command=shown(cmd), returncode=code,
                          output=output, records=read_records(run_dir), run_dir=run_dir,
                          seconds=time.monotonic() - started, timed_out=timed_out)
@@ -162,15 +187,22 @@ def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCR
     return result
 
 
+ENDING_GRACE = 20.0     # seconds a launch may take to end after every rank finished (srun, mpirun: about 1-3 s here)
+
+
 def _supervise(proc: subprocess.Popen, run_dir: Path, deadline: float, world_size: int = 2) -> str | None:
-    """Wait for the launch command; end early once every rank left its finished mark (``"finished"``: DeepSpeed's
-    launchers poll their ranks once a second, then shut down); ``"timeout"`` past ``deadline``; None when the command
-    ended by itself (a failed rank: ``srun --kill-on-bad-exit`` and ``mpirun`` end the others, and say which failed)."""
+    """Wait for the launch command to end by itself (None; its exit code is then the launch's own). ``"timeout"``
+    past ``deadline``; ``"stuck"`` when every rank left its finished mark and the command has not ended
+    :data:`ENDING_GRACE` seconds later."""
+    all_finished = None
     while proc.poll() is None:
-        if len(run_folder.finished_ranks(run_dir)) >= world_size:
-            return "finished"
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             return "timeout"
+        if all_finished is None and len(run_folder.finished_ranks(run_dir)) >= world_size:
+            all_finished = now
+        if all_finished is not None and now > all_finished + ENDING_GRACE:
+            return "stuck"
         time.sleep(0.1)
     return None
 
@@ -193,7 +225,8 @@ def learner_lines(output: str, limit: int = 40) -> str:
 def batch_script(deepspeed: str, script: str, *script_args: Any) -> str:
     """The course's ``sbatch`` script: one rank per node on 2 nodes, a hostfile from ``$SLURM_JOB_NODELIST``, the
     first node's address as master, then ``srun`` of DeepSpeed's launcher once per node (``--no_ssh``, the node rank
-    from Slurm), each node's output in its own file. Files go to ``$COURSE_RUN_DIR`` (on your cluster: your job's
+    from Slurm; ``--kill-on-bad-exit``: one failed node ends the step), each node's output in its own file (``%N``, the
+    host name, and ``%n``, the node's index in the job: nodes on one host share a name). Files go to ``$COURSE_RUN_DIR`` (on your cluster: your job's
     folder); ``$COURSE_MASTER_PORT`` is a free port (on your cluster 29500 does, unless two jobs share a node)."""
     target = shlex.join([script, *(str(a) for a in script_args)])
     return f"""#!/bin/bash
@@ -206,7 +239,7 @@ hostfile="$COURSE_RUN_DIR/hostfile"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=1/' > "$hostfile"
 first=$(head -n 1 "$hostfile" | cut -d' ' -f1)
 master=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
-srun --output="$COURSE_RUN_DIR/node-%N.out" bash -c \\
+srun --kill-on-bad-exit=1 --output="$COURSE_RUN_DIR/node-%N-%n.out" bash -c \\
   "{deepspeed} --hostfile $hostfile --no_ssh --node_rank=\\$SLURM_NODEID --master_addr $master --master_port $COURSE_MASTER_PORT {target}"
 """
 
