@@ -24,13 +24,14 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from course_utils.rank import comms
 from course_utils.common.records.adapters import Activations, AdapterMemory, AdapterState, Losses, Saved, TokenCount
-from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, SampleDataset, adapter_view, gathered_adapter_state,
+from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, SampleDataset, adapter_view,
     micro_batch, save_adapter, save_base, saved_activation_bytes, shared_folder, trainable_numel, with_lora, zero3_view)
 from course_utils.rank.data import fixed_batch
 from course_utils.rank.engine import ds_config, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import PRESETS, tiny_gpt2
 from course_utils.common.record import record
+from course_utils.common.zero_rules import edge_grad_numel
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, scratch_dir
 
 MICRO = 4                 # sequences per rank and step
@@ -65,8 +66,13 @@ def measure(stage: int, kind: str, r: int, targets: list) -> None:
     if kind != "full":
         model = with_lora(model, r, targets)
     n_trainable, total = trainable_numel(model)
-    peft_trainable = model.get_nb_trainable_parameters()[0] if kind != "full" else n_trainable
     config = comms.with_comms_logger(zero_config(stage))
+    # what the formula needs, from the model's sizes alone (not from DeepSpeed's own bookkeeping): stage 3 keeps
+    # parameters of at most the persistence threshold whole; stage 2 holds whole the gradients touching its partition
+    threshold = config["zero_optimization"].get("stage3_param_persistence_threshold", 0)
+    persistent = sum(p.numel() for p in model.parameters() if stage == 3 and p.numel() <= threshold)
+    grad_partition = edge_grad_numel([p.numel() for p in trainable(model)], dist.get_world_size(), dist.get_rank())
+    peft_trainable = model.get_nb_trainable_parameters()[0] if kind != "full" else n_trainable
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable(model), config=config)
     train_step(engine, 0)
     with comms.logged() as window:                       # every collective of one whole step
@@ -74,8 +80,6 @@ def measure(stage: int, kind: str, r: int, targets: list) -> None:
         engine.backward(engine(input_ids=ids, labels=ids).loss)
         measured = model_state_bytes(tensor_inventory(engine))
         engine.step()
-    persistent = sum(p.ds_numel for p in engine.module.parameters() if getattr(p, "ds_persist", False))
-    grad_partition = sum(p.numel() for group in getattr(engine.optimizer, "params_in_partition", []) for p in group)
     record(AdapterMemory(stage=stage, kind=kind, r=r if kind != "full" else 0, targets=list(targets) if kind != "full" else [],
                          rank=dist.get_rank(), world_size=dist.get_world_size(), total=total, trainable=n_trainable,
                          peft_trainable=peft_trainable, measured=measured, persistent_numel=persistent,
@@ -124,7 +128,10 @@ def pitfall_and_fix(engine) -> None:
         warnings.simplefilter("ignore")
         record(AdapterState(rank=dist.get_rank(), tensors=adapter_view(get_peft_model_state_dict(model), model)))
     save_adapter("without gather", model, None)
-    save_adapter("gathered", model, gathered_adapter_state(model))
+    # the reference: DeepSpeed's own consolidation, the Trainer's route (every rank gathers each module in turn,
+    # rank 0 keeps the trainable tensors), read by peft as a state dict it is handed
+    whole = engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+    save_adapter("gathered", model, get_peft_model_state_dict(model, state_dict=whole) if dist.get_rank() == 0 else None)
     model.eval()
     with torch.no_grad():                             # every rank runs it: the forward gathers the weights
         logits = model(input_ids=fixed_batch().to(engine.device)).logits

@@ -1,5 +1,5 @@
 """LoRA adapters (``peft``) under ZeRO, inside a rank (notebook 12): the adapter the notebook trains, the data,
-the model-state formula with frozen weights, saving an adapter whose parameters ZeRO-3 partitioned (the records
+the model-state formula with frozen weights, what a state dict holds of an adapter ZeRO-3 partitioned (the records
 ``scripts/12_adapters.py`` writes are declared in :mod:`course_utils.common.records.adapters`).
 
 The model is ``models.tiny_gpt2("checkpoints")`` (no dropout, so a step depends only on weights, optimizer
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 from course_utils.common import run_folder
 from course_utils.common.record import record
@@ -113,19 +112,6 @@ def adapter_view(state: dict, model) -> list[dict]:
                      "full_shape": list(getattr(match, "ds_shape", tensor.shape)),
                      "persistent": bool(getattr(match, "ds_persist", False))})
     return rows
-
-
-def gathered_adapter_state(model) -> dict[str, Any] | None:
-    """The adapter's whole tensors, gathered from every rank's shard (call it on every rank): rank 0 gets
-    ``get_peft_model_state_dict`` of the gathered parameters, the other ranks None."""
-    import deepspeed
-    import torch.distributed as dist
-    from peft import get_peft_model_state_dict
-
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None):    # all-gather, read-only
-        state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-    return state if dist.get_rank() == 0 else None
 
 
 def saved_activation_bytes(model, ids) -> int:
