@@ -17,6 +17,7 @@ import pytest
 from course_utils.tooling import manifest
 from course_utils.common import devices, paths
 from course_utils.tooling.course import execute
+from course_utils.tooling.nbtools import cut_table_cells
 from course_utils.tooling.workshop import unscored_checks
 
 SMOKE = {"SMOKE": True}
@@ -146,8 +147,11 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
         pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"
     assert metrics.exists(), f"{name} ran but recorded no figures to {metrics}"
-    unscored = unscored_checks(nbformat.read(str(outcome.output), as_version=4))
+    executed = nbformat.read(str(outcome.output), as_version=4)
+    unscored = unscored_checks(executed)
     assert not unscored, f"{name}: nbgrader would not give these solved checks their point: {unscored}"
+    cut = cut_table_cells(executed)
+    assert not cut, f"{name}: a table shows cells cut short (course_utils.kernel.notebook.whole_table_cells): {cut}"
     replayed = json.loads(outcomes.read_text())
     assert replayed and set(replayed.values()) == {"ExerciseNotDone"}, (
         f"on the student edition every exercise's check must raise ExerciseNotDone; got {replayed}")

@@ -74,8 +74,19 @@ def quiet_deepspeed_chatter() -> None:
         logger.addFilter(_Chatter())
 
 
+def whole_table_cells() -> None:
+    """Tables show every cell whole: pandas cuts a cell's text at 50 characters (``display.max_colwidth``) and a list
+    in a cell at 100 items (``display.max_seq_items``) and a table at 20 columns (``display.max_columns``), which would hide a config key or a curve an exercise is about."""
+    import pandas as pd
+
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_seq_items", None)
+    pd.set_option("display.max_columns", None)
+
+
 def start(name: str, fresh: bool = True) -> Notebook:
     """Begin notebook ``name``: print what this machine will run and (by default) clear its old figures."""
+    whole_table_cells()
     quiet_progress_bars()
     quiet_deepspeed_chatter()
     nb = Notebook(name)

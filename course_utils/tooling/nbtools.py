@@ -5,6 +5,7 @@ JupyterLab, ``python -m course_utils.tooling.nbtools strip notebooks/*.ipynb`` m
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -75,3 +76,16 @@ if __name__ == "__main__":
     for p in sys.argv[2:]:
         if strip(p):
             print(f"stripped {p}")
+
+
+CUT_CELL = re.compile(r"<td>[^<]*(\.\.\.|…)</td>")
+
+
+def cut_table_cells(nb: nbformat.NotebookNode) -> list[str]:
+    """Where an executed notebook shows a table with a cell cut short (pandas ends it with "..."): ``cell N: text``."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html", "")
+            found += [f"cell {index}: {m.group(0)[:120]}" for m in CUT_CELL.finditer(html if isinstance(html, str) else "".join(html))]
+    return found
