@@ -51,3 +51,35 @@ def test_the_runner_reads_which_notebooks_run_alone_from_it():
     alone = {nb.stem for nb in paths.NOTEBOOKS.glob("*.ipynb") if course.runs_alone(nb)}
     assert alone == {stem for stem, e in manifest.load().items() if e.get("runs_alone")}
     assert {"04_offload_and_infinity", "10_capstone_translation"} <= alone
+
+
+def _closing_problems(notebooks=paths.NOTEBOOKS) -> list[str]:
+    """Each notebook's last cell must link the next notebook of the manifest (the last one: the decision sheet)."""
+    import nbformat
+
+    stems = list(manifest.load())
+    found = []
+    for stem, after in zip(stems, [*stems[1:], None]):
+        closing = nbformat.read(str(notebooks / f"{stem}.ipynb"), as_version=4).cells[-1].source
+        target = f"({after}.ipynb)" if after else "(appendix/decision_sheet.md)"
+        if target not in closing:
+            found.append(f"{stem}: its last cell does not link {target[1:-1]}")
+    return found
+
+
+def test_each_notebook_ends_with_a_link_to_the_next_one():
+    assert _closing_problems() == []
+
+
+def test_a_notebook_that_ends_elsewhere_is_named(tmp_path):
+    import shutil
+
+    import nbformat
+
+    for nb in paths.NOTEBOOKS.glob("*.ipynb"):
+        shutil.copy(nb, tmp_path / nb.name)
+    first = sorted(tmp_path.glob("*.ipynb"))[0]
+    nb = nbformat.read(str(first), as_version=4)
+    nb.cells[-1].source = "Back to the start."
+    nbformat.write(nb, str(first))
+    assert [p for p in _closing_problems(tmp_path) if p.startswith(first.stem)]
