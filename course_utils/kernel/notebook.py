@@ -26,13 +26,13 @@ class Notebook:
         return paths.metrics_dir() / f"{self.name}.json"
 
     def record(self, **figures: Any) -> None:
-        """Merge figures into this notebook's metrics file (build/metrics/<notebook>.json)."""
+        """Merge figures into this notebook's metrics file (build/metrics/<notebook>.json), quietly: the figures are
+        on the page already; the file serves the tests and ``build/report.md``."""
         path = self.metrics_path
         path.parent.mkdir(parents=True, exist_ok=True)
         data = json.loads(path.read_text()) if path.exists() else {}
         data.update(plain(figures))
         path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        print(f"({len(figures)} figure{'s' * (len(figures) != 1)} recorded to {paths.relative(path)})")
 
     def metrics(self) -> dict:
         return json.loads(self.metrics_path.read_text()) if self.metrics_path.exists() else {}
