@@ -145,6 +145,7 @@ def trainer_run(base: str, config_path: str, steps: int, loss_type: str | None):
     (GPT-2's class name does not say; None leaves it as loaded)."""
     from accelerate.state import AcceleratorState
     from transformers import GPT2LMHeadModel, Trainer
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from course_utils.rank.trainer import training_arguments
 
@@ -158,9 +159,13 @@ def trainer_run(base: str, config_path: str, steps: int, loss_type: str | None):
         model.loss_type = loss_type
     trainer = Trainer(model=with_lora(model), args=targs,
                       train_dataset=SampleDataset(steps * MICRO * dist.get_world_size()))
+    for printer in (PrinterCallback, ProgressCallback):     # the losses are read from log_history, not printed per step
+        trainer.remove_callback(printer)
     trainer.train()
     label = "Trainer, ZeRO-3" + (f" (loss_type {loss_type})" if loss_type else " (GPT-2 as loaded)")
-    record(Losses(label=label, losses=[h["loss"] for h in trainer.state.log_history if "loss" in h]))
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    record(Losses(label=label, losses=losses))
+    rank0_print(f"{label}: {len(losses)} steps, loss {losses[0]:.3f} → {losses[-1]:.3f}")
     if dist.get_rank() == 0:
         record(TokenCount(label=label, loss_type=str(getattr(model, "loss_type", None)),
                           shifts_labels=bool(trainer._loss_shifts_labels)))

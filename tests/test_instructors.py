@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.tooling import course, instructors
+from course_utils.tooling import course, instructors, manifest, study_time
 from course_utils.common import paths
 
 
@@ -19,10 +19,27 @@ def test_the_table_is_the_reports_times_with_planning_slots():
     table = instructors.timing_table(_report(), counts={"00_setup_and_first_launch": 2,
                                                         "01_distributed_concepts": 2, "02_first_deepspeed_loop": 3})
     lines = table.splitlines()
-    assert lines[2] == "| 00_setup_and_first_launch | 0 min 35 s | 2 | 40 min |"      # 15 + 2 × 10 + 0.6 → 40
-    assert lines[3] == "| 01_distributed_concepts | 1 min 01 s * | 2 | 40 min |"      # ran beside 02: starred
-    assert lines[4] == "| 02_first_deepspeed_loop | 2 min 05 s * (FAILED in that run) | 3 | 50 min |"
+    alone = {name: study_time.alone_minutes(paths.NOTEBOOKS / f"{name}.ipynb", seconds)
+             for name, seconds in (("00_setup_and_first_launch", 35), ("01_distributed_concepts", 61), ("02_first_deepspeed_loop", 125))}
+    assert lines[2] == f"| 00_setup_and_first_launch | 0 min 35 s | 2 | 40 min | {alone['00_setup_and_first_launch']} min |"      # 15 + 2 × 10 + 0.6 → 40
+    assert lines[3] == f"| 01_distributed_concepts | 1 min 01 s * | 2 | 40 min | {alone['01_distributed_concepts']} min |"      # ran beside 02: starred
+    assert lines[4] == f"| 02_first_deepspeed_loop | 2 min 05 s * (FAILED in that run) | 3 | 50 min | {alone['02_first_deepspeed_loop']} min |"
     assert lines[5].startswith("| **all, one after another** | 3 min 41 s | 7 | 2 h 10 min |")
+
+
+def test_the_time_alone_grows_with_the_text_the_code_the_exercises_and_the_run(tmp_path):
+    import nbformat
+
+    source = paths.NOTEBOOKS / "00_setup_and_first_launch.ipynb"
+    base = study_time.alone_minutes(source, 30)
+    assert study_time.alone_minutes(source, 30 + 600) == base + 10          # ten more minutes of runs
+    nb = nbformat.read(str(source), as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("word " * 1000))         # ten minutes more to read at 100 a minute
+    longer = tmp_path / source.name
+    nbformat.write(nb, str(longer))
+    assert study_time.alone_minutes(longer, 30) == base + 10
+    recorded = manifest.entry(source.stem)["full_seconds"]
+    assert study_time.box_line(source).startswith(f"{study_time.BOX_PREFIX} about {study_time.alone_minutes(source, recorded)} min")
     with pytest.raises(ValueError, match="make course"):
         instructors.timing_table("# an empty report\n", counts={})
 

@@ -7,7 +7,10 @@ The model and data the checkpoints are made from are rank-side (``models.tiny_gp
 """
 from __future__ import annotations
 
+import io
 import re
+from contextlib import contextmanager, redirect_stdout
+from typing import Iterator
 from pathlib import Path
 
 from course_utils.kernel.views.source import show_source  # noqa: F401  (notebook 09 calls ck.show_source)
@@ -118,3 +121,12 @@ def find_script(name: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{name} is not part of DeepSpeed {deepspeed.__version__} at {path.parent}")
     return path
+
+
+@contextmanager
+def converter_output() -> Iterator[io.StringIO]:
+    """Collect what DeepSpeed's ``zero_to_fp32`` functions print ("Processing zero checkpoint …", four lines a call)
+    instead of streaming it: ``with converter_output() as said: …``, then ``said.getvalue()`` where it teaches."""
+    said = io.StringIO()
+    with redirect_stdout(said):
+        yield said

@@ -18,6 +18,7 @@ import nbformat
 
 from course_utils.common import paths
 from course_utils.tooling import manifest as _manifest
+from course_utils.tooling import study_time
 from course_utils.tooling.manifest import between
 
 GUIDE = paths.ROOT / "INSTRUCTORS.md"
@@ -68,17 +69,19 @@ def timing_table(report: str, counts: dict[str, int] | None = None) -> str:
 def render(rows: list[dict], counts: dict[str, int] | None = None) -> str:
     """The table from rows of a report, or of the manifest's recorded run (:func:`course_utils.tooling.manifest.full_rows`)."""
     counts = exercise_counts() if counts is None else counts
-    lines = ["| notebook | runs in (2 cores, measured) | exercises | plan a slot of |", "|---|---|---|---|"]
+    lines = ["| notebook | runs in (2 cores, measured) | exercises | plan a slot of | alone, about |", "|---|---|---|---|---|"]
+    alone = {r["notebook"]: study_time.alone_minutes(paths.NOTEBOOKS / f"{r['notebook']}.ipynb", r["seconds"]) for r in rows}
     for r in rows:
         ran = f"{r['seconds'] // 60} min {r['seconds'] % 60:02d} s" + (" *" if r["beside"] else "")
         if not r["ok"]:
             ran += " (FAILED in that run)"
         n = counts.get(r["notebook"], 0)
-        lines.append(f"| {r['notebook']} | {ran} | {n} | {slot_minutes(r['seconds'], n)} min |")
+        lines.append(f"| {r['notebook']} | {ran} | {n} | {slot_minutes(r['seconds'], n)} min | {alone[r['notebook']]} min |")
     total = sum(r["seconds"] for r in rows)
     slots = sum(slot_minutes(r["seconds"], counts.get(r["notebook"], 0)) for r in rows)
+    on_own = sum(alone.values())
     lines.append(f"| **all, one after another** | {total // 60} min {total % 60:02d} s | {sum(counts.get(r['notebook'], 0) for r in rows)}"
-                 f" | {slots // 60} h {slots % 60:02d} min |")
+                 f" | {slots // 60} h {slots % 60:02d} min | {on_own // 60} h {on_own % 60:02d} min |")
     lines += ["", "\\* ran beside another notebook in that `make course` run (two at a time): alone it is faster."]
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """The README's notebook table and INSTRUCTORS.md's timing table, made from the manifest; the README's GPU table and
-each notebook's "On GPUs" line, made from the notebooks' launches (:mod:`course_utils.tooling.gpu_table`).
+each notebook's "On GPUs" line, made from the notebooks' launches (:mod:`course_utils.tooling.gpu_table`); each
+notebook's "Time to allow" line, made from the notebook and its run time (:mod:`course_utils.tooling.study_time`).
 
 ``python -m course_utils.tooling.tables`` says which table differs from what they make; ``--write`` rewrites them.
 tests/test_manifest.py fails while one drifts.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from course_utils.tooling import gpu_table, instructors
+from course_utils.tooling import gpu_table, instructors, study_time
 from course_utils.tooling.manifest import README, README_BEGIN, README_END, between, full_rows, problems, readme_table
 
 GPU_BEGIN = "<!-- GPU table: written by `python -m course_utils.tooling.tables --write` from the notebooks' launches -->"
@@ -27,6 +28,7 @@ def tables_drift() -> list[str]:
     if _readme() != README.read_text():
         out.append("README.md's notebook or GPU table")
     out += [f"{stem}'s \"On GPUs\" line" for stem in gpu_table.box_drift()]
+    out += [f"{stem}'s \"Time to allow\" line" for stem in study_time.box_drift()]
     guide = instructors.GUIDE.read_text()
     if instructors.with_table(guide, instructors.render(full_rows())) != guide:
         out.append("INSTRUCTORS.md's timing table")
@@ -38,6 +40,7 @@ def write_tables() -> list[str]:
     changed = tables_drift()
     README.write_text(_readme())
     gpu_table.box_drift(write=True)
+    study_time.box_drift(write=True)
     instructors.GUIDE.write_text(instructors.with_table(instructors.GUIDE.read_text(), instructors.render(full_rows())))
     return changed
 

@@ -44,6 +44,9 @@ CHATTER: list[re.Pattern[str]] = [
     re.compile(r"UserWarning: 'pin_memory' argument is set as true but no accelerator is found"),
     # A tqdm progress bar ("Map: 100%|██████| 1000/1000 [00:00<00:00, ...]") from a library in a rank.
     re.compile(r"\d+%\|[^|]*\|\s*\d+/\d+ \["),
+    # The engine's wall-clock timers ("[Rank 0] time (ms) | fwd: … | bwd: …"), three lines a step with
+    # "wall_clock_breakdown": notebook 11 reads them from the log where it explains them.
+    re.compile(r"^\[Rank \d+\] time \(ms\) \| "),
 ]
 # pdsh's line when the command it ran on a host over ssh failed (that node's launcher ended with an error).
 PDSH_NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code (\d+)$")

@@ -1,0 +1,84 @@
+"""How long a notebook takes a learner on their own, worked out from the notebook itself: the words of its text, the
+lines of its code, its exercises, and its run time in the last full ``make course`` (the manifest's
+``full_seconds``). Each notebook's opening box states it ("Time to allow"), and INSTRUCTORS.md's timing table shows it
+beside the workshop slot; ``python -m course_utils.tooling.tables --write`` writes the boxes, and
+tests/test_manifest.py fails when one drifts.
+
+The rates are planning figures, calibrated on one reader who worked through all 15 notebooks alone (read every
+section and excerpt, did every exercise) in 14–15 hours: the rates below give about 15 hours for the same notebooks.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import nbformat
+
+from course_utils.common import paths
+
+WORDS_PER_MINUTE = 100         # reading the text, its tables and figures
+CODE_LINES_PER_MINUTE = 15     # reading the code cells (excerpts of DeepSpeed's source are printed, not counted)
+MINUTES_PER_EXERCISE = 10      # one exercise, its launch and a retry included
+BOX_PREFIX = "> **Time to allow**"
+
+
+def reading_minutes(notebook: Path) -> float:
+    """Minutes to read ``notebook``'s markdown (at :data:`WORDS_PER_MINUTE`) and code (:data:`CODE_LINES_PER_MINUTE`)."""
+    nb = nbformat.read(str(notebook), as_version=4)
+    words = sum(len(re.findall(r"\S+", line)) for c in nb.cells if c.cell_type == "markdown"
+                for line in c.source.splitlines() if not line.startswith(BOX_PREFIX))   # the time itself: not read
+    code = sum(1 for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines() if line.strip())
+    return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE
+
+
+def exercises(notebook: Path) -> int:
+    from course_utils.tooling.student import exercises as solution_cells
+
+    return len(solution_cells(nbformat.read(str(notebook), as_version=4)))
+
+
+def alone_minutes(notebook: Path, run_seconds: float) -> int:
+    """Reading, exercises and the notebook's own run time, rounded up to 5 minutes."""
+    total = reading_minutes(notebook) + MINUTES_PER_EXERCISE * exercises(notebook) + run_seconds / 60
+    return 5 * math.ceil(total / 5)
+
+
+def _runs(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"about {max(1, round(minutes))} min" if minutes >= 1 else "under a minute"
+
+
+def box_line(notebook: Path) -> str:
+    """The "Time to allow" line of the notebook's opening box."""
+    from course_utils.tooling import manifest
+
+    seconds = manifest.entry(notebook.stem)["full_seconds"]
+    n = exercises(notebook)
+    return (f"{BOX_PREFIX} about {alone_minutes(notebook, seconds)} min on your own: "
+            f"{5 * math.ceil(reading_minutes(notebook) / 5)} min of reading, {n} exercise{'s' * (n != 1)}, "
+            f"{_runs(seconds)} of runs on 2 CPU cores (measured in the last full `make course`).  ")
+
+
+def with_box_line(source: str, line: str) -> str:
+    """The opening cell's ``source`` with its "Time to allow" line (and any line continuing it) replaced."""
+    lines = source.split("\n")
+    start = next(i for i, old in enumerate(lines) if old.startswith(BOX_PREFIX))
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("> ") and not lines[end].startswith("> **"):
+        end += 1
+    return "\n".join(lines[:start] + [line] + lines[end:])
+
+
+def box_drift(notebooks: Path = paths.NOTEBOOKS, write: bool = False) -> list[str]:
+    """The notebooks whose opening box states another time than :func:`box_line` (rewritten with ``write``)."""
+    out = []
+    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        new = with_box_line(nb.cells[0].source, box_line(path))
+        if new != nb.cells[0].source:
+            out.append(path.stem)
+            if write:
+                nb.cells[0].source = new
+                nbformat.write(nb, str(path))
+    return out
