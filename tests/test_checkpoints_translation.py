@@ -142,3 +142,17 @@ def test_differences_are_marked_word_by_word():
 def test_bleu():
     assert tr.bleu(["lo javi un myju"], ["lo javi un myju"]) == pytest.approx(100.0)
     assert tr.bleu(["xx yy zz ww"], ["lo javi un myju"]) < 5
+
+
+def test_a_script_is_quoted_from_the_file_that_runs(capsys):
+    from course_utils.common import paths
+    from course_utils.kernel.views.source import show_script
+
+    show_script("02_train.py", "engine.step()", "deepspeed.initialize(")
+    printed = capsys.readouterr().out.splitlines()
+    lines = (paths.SCRIPTS / "02_train.py").read_text().splitlines()
+    numbered = [ln for ln in printed if "|" in ln]
+    assert [lines[int(ln.split("|")[0]) - 1] for ln in numbered] == [ln.split("| ", 1)[1] for ln in numbered]
+    assert any("engine.step()" in ln for ln in numbered) and "        ⋮" in printed      # not adjacent: marked
+    with pytest.raises(LookupError, match="02_train.py"):
+        show_script("02_train.py", "engine.no_such_call(")

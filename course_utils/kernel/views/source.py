@@ -32,6 +32,28 @@ def show_source(package: str, relpath: str, pattern: str, after: int = 2, limit:
             print(f"  {j + 1:5d} | {lines[j]}")
 
 
+def show_script(script: str, *anchors: str, after: int = 0) -> None:
+    """Print the lines of ``scripts/<script>`` that hold each of ``anchors`` (plus ``after`` lines each), numbered, in
+    file order, "⋮" between lines that are not adjacent: the DeepSpeed calls of the script the ranks just ran, quoted
+    from the file itself, e.g. ``show_script("02_train.py", "deepspeed.initialize(", "engine.backward(", "engine.step(")``.
+    An anchor the file does not hold is an error (the page must not quote code that no longer runs)."""
+    path = paths.SCRIPTS / script
+    lines = path.read_text().splitlines()
+    shown: set[int] = set()
+    for anchor in anchors:
+        hits = [i for i, line in enumerate(lines) if anchor in line]
+        if not hits:
+            raise LookupError(f"{anchor!r} is not in {paths.relative(path)}: the script changed; quote what it runs now")
+        shown.update(range(hits[0], min(hits[0] + 1 + after, len(lines))))
+    print(f"{paths.relative(path)}:")
+    previous = None
+    for i in sorted(shown):
+        if previous is not None and i != previous + 1:
+            print("        ⋮")
+        print(f"  {i + 1:5d} | {lines[i]}")
+        previous = i
+
+
 def show_script_function(script: str, name: str) -> None:
     """Print the function ``name`` of ``scripts/<script>`` as written there, e.g.
     ``show_script_function("11_hang.py", "log_metrics")``: read with ``ast``, not imported (the kernel imports no
