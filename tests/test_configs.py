@@ -4,11 +4,23 @@ import json
 import pytest
 
 from course_utils.common import paths
+from course_utils.kernel.config_doctor import world_of
 from course_utils.kernel.configs import ConfigError, diagnose, validate
 
 
 def base(**extra):
     return {"train_micro_batch_size_per_gpu": 2, **extra}
+
+
+def deepspeed_reads(config: dict, world_size: int = 2) -> bool:
+    """Whether DeepSpeed's own DeepSpeedConfig reads the config without raising."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    try:
+        with world_of(world_size):
+            DeepSpeedConfig(json.loads(json.dumps(config)))
+    except Exception:       # noqa: BLE001 - any refusal counts, whatever DeepSpeed raised
+        return False
+    return True
 
 
 @pytest.mark.parametrize("path", sorted(paths.CONFIGS.glob("*.json")), ids=lambda p: p.name)
@@ -17,7 +29,6 @@ def test_every_shipped_config_is_valid(path):
 
 
 @pytest.mark.parametrize("config, world_size, fragment", [
-    (base(zero_optimisation={"stage": 2}), 2, "did you mean 'zero_optimization'"),
     (base(zero_optimization={"stage": 3, "stage3_max_live_params": 1e9}), 2, "stage3_max_live_parameters"),
     (base(fp16={"enabled": True, "loss_scal": 0}), 2, "fp16.loss_scal"),
     (base(zero_optimization={"stage": 3, "offload_param": {"device": "gpu"}}), 2,
@@ -58,10 +69,88 @@ def test_every_problem_comes_in_one_error():
         validate(config, world_size=2)
     message = str(err.value)
     named = [line[4:].split(": ")[0] for line in message.splitlines() if line.startswith("  - ")]
-    for key in ("zero_optimisation", "amp", "sparse_attention", "fp16.loss_scal", "bf16.enabled", "optimizer.type",
+    for key in ("amp", "sparse_attention", "fp16.loss_scal", "bf16.enabled", "optimizer.type",
                 "gradient_accumulation_steps"):
         assert any(key in keys.split(", ") for keys in named), f"{key} missing from:\n{message}"
-    assert len(named) == 7 and "7 problems" in message
+    assert len(named) == 6 and "6 problems" in message          # the misspelt block is a warning (below)
+    assert [w for w in diagnose(config, world_size=2).warnings if "'zero_optimisation'" in w]
+
+
+@pytest.mark.parametrize("key, value, near", [("zero_optimisation", {"stage": 2}, "zero_optimization"),
+                                              ("comms_config", {"verbose": False}, "comms_logger"),
+                                              ("gradient_clip", 1.0, "gradient_clipping")])
+def test_a_misspelt_top_level_block_is_a_loud_warning_never_an_error(key, value, near, capsys):
+    """DeepSpeed runs a config whose top-level key it has no option for (it never reads it), so the pre-check lets
+    it through too, but first in its warning line, naming the key it is close to."""
+    config = base(cuda_visible_devices=0, **{key: value})     # the unrelated key first: the typo still leads
+    assert deepspeed_reads(config)
+    capsys.readouterr()
+    assert validate(config, world_size=2) == config
+    printed = capsys.readouterr().out
+    assert printed.count("\n") == 1
+    assert f"Config warning (<dict>): LIKELY TYPO: DeepSpeed ignores the top-level key {key!r}" in printed
+    assert f"did you mean {near!r}? Rename it" in printed and "'cuda_visible_devices'" in printed
+
+
+@pytest.mark.parametrize("note", ["_comment", "comment", "comments", "_description", "description", "note", "_notes",
+                                  "__doc__"])
+def test_a_note_at_the_top_level_passes_without_a_word(note, capsys):
+    """A note to the config's readers is no typo, however close its name is to an option ("comment" and
+    ``comet``): DeepSpeed ignores it, and the pre-check says nothing."""
+    config = base(**{note: "ZeRO-2 for 2 ranks", "zero_optimization": {"stage": 2}})
+    assert deepspeed_reads(config)
+    capsys.readouterr()
+    verdict = diagnose(config, world_size=2)
+    assert verdict.errors == [] and verdict.warnings == []
+    assert validate(config, world_size=2) == config
+    assert "Config warning" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("config, path", [
+    (base(zero_optimization={"stage": 2, "_comment": "why"}), "zero_optimization._comment"),
+    (base(fp16={"enabled": True, "comment": "why"}), "fp16.comment"),
+    (base(zero_optimization={"stage": 3, "offload_param": {"device": "cpu", "_note": "why"}}),
+     "zero_optimization.offload_param._note"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_note_inside_a_strict_section_is_refused_as_deepspeed_refuses_it(config, path):
+    """DeepSpeed's section models forbid unknown keys, notes included; the pre-check agrees and says where a note
+    can go instead, with no spelling suggestion."""
+    assert not deepspeed_reads(config)
+    with pytest.raises(ConfigError) as err:
+        validate(config, world_size=2)
+    message = str(err.value)
+    assert f"{path}: DeepSpeed refuses any key this section has no option for, notes included" in message
+    assert "move the note to the top level" in message and "did you mean" not in message
+
+
+def test_a_note_inside_a_section_deepspeed_reads_by_key_passes():
+    """The optimizer and scheduler sections are plain dicts DeepSpeed reads by key: it ignores a note there."""
+    config = base(optimizer={"type": "AdamW", "_comment": "betas from the paper", "params": {"lr": 1e-3}},
+                  scheduler={"type": "WarmupLR", "_comment": "short warm-up", "params": {"warmup_num_steps": 10}})
+    assert deepspeed_reads(config)
+    verdict = diagnose(config, world_size=2)
+    assert verdict.errors == [] and verdict.warnings == []
+
+
+@pytest.mark.parametrize("name, instead, reason", [
+    ("OneBitAdam", "Adam", "1bit-Adam"), ("onebitadam", "Adam", "1bit-Adam"), ("ZeroOneAdam", "Adam", "0/1 Adam"),
+    ("OneBitLamb", "Lamb", "1bit-Lamb")])
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_one_bit_optimizers_are_refused_with_deepspeeds_reasons(name, instead, reason, stage):
+    """0.19.8 has no 1-bit optimizer (the engine's _is_supported_optimizer refuses the name); the pre-check says so,
+    what to write instead and which settings to drop, and under ZeRO the reason the versions that had them refused
+    them."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    config = base(optimizer={"type": name, "params": {"lr": 1e-3, "weight_decay": 0.01, "freeze_step": 400}},
+                  zero_optimization={"stage": stage})
+    assert deepspeed_reads(config) and not DeepSpeedEngine._is_supported_optimizer(None, name)
+    with pytest.raises(ConfigError) as err:
+        validate(config, world_size=2)
+    message = str(err.value)
+    assert f"optimizer.type: {name!r} is one of DeepSpeed's 1-bit optimizers" in message
+    assert "no longer ships" in message and "is neither a DeepSpeed optimizer" not in message
+    assert f"Write {instead!r} instead and remove optimizer.params.freeze_step, which" in message
+    assert (f'with ZeRO stage {stage} ("{reason} is not compatible with ZeRO")' in message) == (stage > 0), message
 
 
 def test_ignored_keys_are_one_warning_line_and_the_launch_goes_on(capsys):

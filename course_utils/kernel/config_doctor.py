@@ -21,6 +21,8 @@ from typing import Any, Iterator
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _BATCH_FUNCTIONS = {"_configure_train_batch_size", "_set_batch_related_parameters", "_batch_assertion"}
 _MAX_ROUNDS = 25        # one DeepSpeedConfig per refusal; a config has far fewer problems than this
+# How configs name a note to their readers (JSON has no comments): "_comment", "comments", "description", …
+_NOTE_WORDS = ("comment", "description", "note", "remark", "doc", "readme")
 
 
 @dataclass
@@ -79,6 +81,19 @@ def world_of(world_size: int) -> Iterator[None]:
         yield
     finally:
         ds_config.dist = real
+
+
+def is_note(key: Any) -> bool:
+    """Whether a config key is a note to its readers rather than a setting: a name starting with "_" (the usual
+    mark of a JSON key no program reads) or one of the words configs use for notes ("_comment", "description").
+
+    DeepSpeed ignores such a key at the top level like any key it has no option for (``DeepSpeedConfig`` asks for
+    the keys it knows and never looks at the rest), but refuses it inside one of its sections, whose pydantic models
+    forbid unknown keys (``DeepSpeedConfigModel.model_config``, ``extra="forbid"``, in
+    ``deepspeed/runtime/config_utils.py``, about line 110). A note is no typo, however close its name is to an
+    option ("comment" and the ``comet`` monitor), so it gets no spelling suggestion."""
+    name = str(key).lower()
+    return name.startswith("_") or name.startswith(_NOTE_WORDS)
 
 
 def removed_keys() -> dict[str, str]:
@@ -201,10 +216,14 @@ def _problem(err: dict, fields: list[str]) -> str:
 
     Pydantic's own wording is clumsy for configs: an enum error lists DeepSpeed's aliases
     ("0, 1, 2, 3 or 3" for the stage, whose enum has ``max_stage = 3``), and an unknown key reads
-    "Extra inputs are not permitted". A spelling suggestion is offered only for an unknown key.
+    "Extra inputs are not permitted". A spelling suggestion is offered only for an unknown key that is no note
+    (:func:`is_note`).
     """
     given = json.dumps(err.get("input"), default=str)
     if err["type"] == "extra_forbidden":
+        if is_note(err["loc"][-1]):
+            return ("DeepSpeed refuses any key this section has no option for, notes included; move the note to the "
+                    "top level of the config, where DeepSpeed ignores it")
         close = difflib.get_close_matches(str(err["loc"][-1]), fields, n=1)
         if close:
             return f"DeepSpeed has no such option; did you mean {close[0]!r}?"

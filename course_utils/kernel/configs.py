@@ -3,10 +3,11 @@
 DeepSpeed reports many config mistakes late (after the ranks have started), one at a time, or not at all: a
 misspelt top-level key is silently ignored, an option the chosen ZeRO stage does not use does nothing.
 :func:`validate` reads the config with DeepSpeed's own config classes and the launch's world size
-(:mod:`course_utils.kernel.config_doctor`) and adds the checks DeepSpeed leaves out. Everything that would stop
-DeepSpeed, or that DeepSpeed would take for something else (a likely typo), comes back together in one
-:class:`ConfigError` naming each key and the fix; what DeepSpeed would merely ignore (a top-level key like no
-DeepSpeed option, an option the ZeRO stage does not read) is a one-line warning, and the launch goes on.
+(:mod:`course_utils.kernel.config_doctor`) and adds the checks DeepSpeed leaves out. The rule is to agree with
+DeepSpeed: everything that would stop DeepSpeed comes back together in one :class:`ConfigError` naming each key
+and the fix, and nothing else does. What DeepSpeed would ignore (a top-level key like no DeepSpeed option, said
+loudly when its name is close to one; an option the ZeRO stage does not read) is a one-line warning, and the
+launch goes on; a note to the config's readers (``"_comment"``) passes without a word.
 """
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ _STAGE3_ONLY = {"offload_param", "sub_group_size", "zero_hpz_partition_size", "z
 # ZeRO options that need a ZeRO optimizer (stage >= 1).
 _ZERO_ONLY = {"offload_optimizer", "overlap_comm", "contiguous_gradients", "reduce_scatter",
               "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size"}
+# DeepSpeed's 1-bit / 0-1 optimizers, by the names DeepSpeed v0.19.5's deepspeed/runtime/config.py gave them (lines
+# 75-77: ONEBIT_ADAM_OPTIMIZER = 'onebitadam', ZERO_ONE_ADAM_OPTIMIZER = 'zerooneadam', ONEBIT_LAMB_OPTIMIZER =
+# 'onebitlamb'; a config's type is compared lower-cased), each with the optimizer to write instead and the reason
+# that version refused it under ZeRO: deepspeed/runtime/engine.py, _configure_basic_optimizer, lines 2108, 2115 and
+# 2122, `assert not self.zero_optimization(), "..."`, where zero_optimization() is zero_optimization.stage > 0
+# (config.py line 804). They were removed after 0.19.5: 0.19.8
+# refuses their names as it refuses any unknown optimizer (engine.py _do_sanity_check, about line 2018,
+# "{} is not a supported DeepSpeed Optimizer").
+_ONE_BIT_OPTIMIZERS = {"onebitadam": ("Adam", "1bit-Adam is not compatible with ZeRO"),
+                       "zerooneadam": ("Adam", "0/1 Adam is not compatible with ZeRO"),
+                       "onebitlamb": ("Lamb", "1bit-Lamb is not compatible with ZeRO")}
 _BATCH_KEYS = doctor.BATCH_KEYS
 
 
@@ -166,16 +178,19 @@ def _checked(config: dict | str | Path, world_size: int, trainer: bool) -> Diagn
 
 
 def _check_top_level(reading: doctor.Reading, out: Diagnosis) -> None:
-    """A top-level key DeepSpeed never reads: a likely typo (close to a key it reads) is an error, anything else
-    a warning, since DeepSpeed ignores it."""
+    """A top-level key DeepSpeed never reads is a warning, never an error: ``DeepSpeedConfig`` asks for the keys it
+    knows and never looks at the rest, so DeepSpeed runs the config without it. A likely typo (close to a key
+    DeepSpeed reads, like ``comms_config``) is said loudly, naming that key; a note (``_comment``) not at all."""
     known = sorted(k for k in reading.read if k not in doctor.removed_keys())
-    for key in (k for k in reading.config if k not in reading.read):
+    typos, others = [], []
+    for key in (k for k in reading.config if k not in reading.read and not doctor.is_note(k)):
         close = difflib.get_close_matches(str(key), known, n=1)
         if close:
-            out.errors.append(f"{key}: DeepSpeed has no top-level option of this name and would ignore it "
-                              f"silently; did you mean {close[0]!r}? Rename it.")
+            typos.append(f"LIKELY TYPO: DeepSpeed ignores the top-level key {key!r} and all it holds (no DeepSpeed "
+                         f"option has this name); did you mean {close[0]!r}? Rename it, or it has no effect")
         else:
-            out.warnings.append(f"DeepSpeed ignores the top-level key {key!r} (no DeepSpeed option has this name)")
+            others.append(f"DeepSpeed ignores the top-level key {key!r} (no DeepSpeed option has this name)")
+    out.warnings += typos + others          # the likely typos first
 
 
 def _stage_warnings(cfg: dict, stage: int) -> list[str]:
@@ -204,24 +219,63 @@ def _section_type(cfg: dict, section: str) -> Any:
 def _optimizer_and_scheduler_problems(cfg: dict) -> list[str]:
     """Types ``DeepSpeedConfig`` accepts but ``deepspeed.initialize`` refuses (the engine's
     ``_is_supported_optimizer`` and its scheduler lookup in ``lr_schedules`` or ``torch.optim.lr_scheduler``)."""
+    return [problem for problem in (_optimizer_problem(cfg), _scheduler_problem(cfg)) if problem]
+
+
+def _optimizer_problem(cfg: dict) -> str | None:
+    """An optimizer type the engine's ``_is_supported_optimizer`` refuses (its list, lower-cased, or torch.optim)."""
     import torch
-    from deepspeed.runtime import lr_schedules
     from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
-    found = []
     opt = _section_type(cfg, "optimizer")
-    if opt is not None and opt != "auto":
-        if str(opt).lower() not in DEEPSPEED_OPTIMIZERS and getattr(torch.optim, str(opt), None) is None:
-            choices = ["Adam", "AdamW", "Lamb", "Lion", "Adagrad"] + [n for n in dir(torch.optim) if n[0].isupper()]
-            close = difflib.get_close_matches(str(opt), choices, n=1)
-            found.append(f"optimizer.type: {opt!r} is neither a DeepSpeed optimizer ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
-                         f"nor a torch.optim class, so deepspeed.initialize would refuse it."
-                         + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
+    if opt is None or opt == "auto" or str(opt).lower() in DEEPSPEED_OPTIMIZERS \
+            or getattr(torch.optim, str(opt), None) is not None:
+        return None
+    if str(opt).lower() in _ONE_BIT_OPTIMIZERS:
+        return _one_bit_problem(cfg, str(opt))
+    choices = ["Adam", "AdamW", "Lamb", "Lion", "Adagrad"] + [n for n in dir(torch.optim) if n[0].isupper()]
+    close = difflib.get_close_matches(str(opt), choices, n=1)
+    return (f"optimizer.type: {opt!r} is neither a DeepSpeed optimizer ({', '.join(DEEPSPEED_OPTIMIZERS)}) "
+            f"nor a torch.optim class, so deepspeed.initialize would refuse it."
+            + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
+
+
+def _one_bit_problem(cfg: dict, opt: str) -> str:
+    """A 1-bit / 0-1 optimizer is a real DeepSpeed optimizer that this DeepSpeed no longer has: say so, what to
+    write instead (without the settings only the 1-bit optimizer took, which the replacement's constructor would
+    refuse), and, under ZeRO, why even the DeepSpeed versions that had it would refuse this config."""
+    import inspect
+    import deepspeed
+    from deepspeed.ops.adam import FusedAdam
+    from deepspeed.ops.lamb import FusedLamb
+
+    instead, zero_reason = _ONE_BIT_OPTIMIZERS[opt.lower()]
+    takes = inspect.signature({"Adam": FusedAdam, "Lamb": FusedLamb}[instead]).parameters  # what the engine builds
+    params = cfg["optimizer"].get("params")
+    extra = [k for k in params if k not in takes] if isinstance(params, dict) else []
+    text = (f"optimizer.type: {opt!r} is one of DeepSpeed's 1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb), "
+            f"which DeepSpeed {deepspeed.__version__} no longer ships (0.19.5 still had them), so "
+            f"deepspeed.initialize would refuse it. Write {instead!r} instead")
+    if extra:
+        text += f" and remove optimizer.params.{', '.join(extra)}, which only the 1-bit optimizer took"
+    zero = cfg.get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if isinstance(stage, int) and stage > 0:
+        text += (f". Even the DeepSpeed versions that had it refuse it with ZeRO stage {stage} (\"{zero_reason}\"): "
+                 f"there it needs zero_optimization.stage 0")
+    return text + "."
+
+
+def _scheduler_problem(cfg: dict) -> str | None:
+    """A scheduler type the engine finds neither in ``lr_schedules`` nor in ``torch.optim.lr_scheduler``."""
+    import torch
+    from deepspeed.runtime import lr_schedules
+
     sched = _section_type(cfg, "scheduler")
-    if sched is not None and sched != "auto":
-        if not hasattr(lr_schedules, str(sched)) and not hasattr(torch.optim.lr_scheduler, str(sched)):
-            close = difflib.get_close_matches(str(sched), lr_schedules.VALID_LR_SCHEDULES, n=1)
-            found.append(f"scheduler.type: {sched!r} is not a DeepSpeed scheduler "
-                         f"({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) nor a torch.optim.lr_scheduler class."
-                         + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
-    return found
+    if sched is None or sched == "auto" or hasattr(lr_schedules, str(sched)) \
+            or hasattr(torch.optim.lr_scheduler, str(sched)):
+        return None
+    close = difflib.get_close_matches(str(sched), lr_schedules.VALID_LR_SCHEDULES, n=1)
+    return (f"scheduler.type: {sched!r} is not a DeepSpeed scheduler ({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) "
+            f"nor a torch.optim.lr_scheduler class."
+            + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
