@@ -20,6 +20,7 @@ import deepspeed
 import peft  # noqa: F401  (imported before gc.freeze() below)
 import torch
 import torch.distributed as dist
+from transformers import GPT2LMHeadModel
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from course_utils.rank import comms
@@ -104,7 +105,6 @@ def activations() -> None:
 def zero3_engine(base: str, steps: int):
     """from_pretrained under ZeRO-3 (an HfDeepSpeedConfig alive first), get_peft_model, deepspeed.initialize, each
     recorded; then ``steps`` raw training steps: (engine, the HfDeepSpeedConfig to keep alive)."""
-    from transformers import GPT2LMHeadModel
     from transformers.integrations import HfDeepSpeedConfig
 
     config = zero_config(3)
@@ -144,7 +144,7 @@ def trainer_run(base: str, config_path: str, steps: int, loss_type: str | None):
     the same adapter and samples in the same order. ``loss_type``: what the Trainer is told the model's loss is
     (GPT-2's class name does not say; None leaves it as loaded)."""
     from accelerate.state import AcceleratorState
-    from transformers import GPT2LMHeadModel, Trainer
+    from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from course_utils.rank.trainer import training_arguments
@@ -212,7 +212,7 @@ def main(argv=None) -> None:
     release(engine)
     del keep_alive
     unset_hf_deepspeed_config()
-    model = with_lora(tiny_gpt2(PRESET))
+    model = with_lora(GPT2LMHeadModel.from_pretrained(base))            # the same pretrained base, loaded whole
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable(model), config=zero_config(2))
     record(Losses(label="raw loop, ZeRO-2", losses=[train_step(engine, s) for s in range(args.steps)]))
     release(engine)

@@ -1,5 +1,7 @@
 """Notebook 12 executed with papermill: LoRA (peft) under ZeRO-0/2/3, measured per rank against the notebook's
 formula; loading under ZeRO-3, the unsaved-shard pitfall and its fix, Trainer vs raw loop, merge and hand-off."""
+import math
+
 import pytest
 
 from conftest import run_notebook
@@ -62,6 +64,10 @@ def test_lora_accounting_saving_and_hand_off():
     assert m["adapter_vs_ranks_logits_max_abs_diff"] <= 1e-5
     assert m["hand_off"]["adapter_vs_base"] >= 1e-3, "training changed the logits: the comparisons above can fail"
     assert m["hand_off"]["merged_is_plain_gpt2"] and m["hand_off"]["lora_modules_left"] == 0
+    # a pretrained base (well below a random model's ln 64) that the adapter improves on a batch no run trained on
+    losses = m["losses"]["raw loop, ZeRO-3"]
+    assert max(losses) < 3.0 < math.log(64)
+    assert m["hand_off"]["adapter_loss"] < m["hand_off"]["base_loss"] < 3.0
     # what the adapter does not save: activations scale with the tokens, and LoRA keeps most of full's
     acts = {(a.kind, a.micro_batch): a.saved_bytes for a in as_records(m["activations"], Activations)}
     small, large = sorted({mb for _, mb in acts})

@@ -11,7 +11,7 @@ from course_utils.common.records.adapters import AdapterMemory, AdapterState, Ze
 from course_utils.rank.adapters import expected_bytes
 from course_utils.rank.comms import total_bytes
 from course_utils.common.record import read_as
-from course_utils.kernel.views.source import show_source  # noqa: F401  (the notebook quotes peft, transformers and DeepSpeed with it)
+from course_utils.kernel.views.source import show_script, show_script_function, show_source  # noqa: F401  (the notebook quotes peft, transformers, DeepSpeed and its script)
 
 STATES = ("params", "grads", "optimizer")
 
@@ -147,7 +147,8 @@ def max_diff(a: Any, b: Any) -> float:
 def hand_off(base: str | Path, folder: str | Path, batch, trained_logits) -> dict[str, float]:
     """Load the adapter without DeepSpeed, merge it into the base weights (``merge_and_unload``), write the merged
     model with save_pretrained and read it back with plain transformers; the largest logit gaps between them, to
-    the logits the ranks computed with the trained model, and (the yardstick) to the base model without adapter."""
+    the logits the ranks computed with the trained model, and (the yardstick) to the base model without adapter;
+    and the loss of the base model and of the adapter model on ``batch``."""
     import tempfile
 
     import torch
@@ -164,12 +165,21 @@ def hand_off(base: str | Path, folder: str | Path, batch, trained_logits) -> dic
         with tempfile.TemporaryDirectory() as tmp:
             merged.save_pretrained(tmp)
             reloaded_logits = GPT2LMHeadModel.from_pretrained(tmp).eval()(input_ids=batch).logits
-    return {"adapter_vs_base": max_diff(adapter_logits, base_logits),        # what training changed: the yardstick
+    return {"base_loss": _next_token_loss(base_logits, batch), "adapter_loss": _next_token_loss(adapter_logits, batch),
+            "adapter_vs_base": max_diff(adapter_logits, base_logits),        # what training changed: the yardstick
             "adapter_vs_ranks": max_diff(adapter_logits, trained_logits),
             "merged_vs_adapter": max_diff(merged_logits, adapter_logits),
             "reloaded_vs_merged": max_diff(reloaded_logits, merged_logits),
             "merged_is_plain_gpt2": type(merged).__name__ == "GPT2LMHeadModel",
             "lora_modules_left": sum("lora" in n for n, _ in merged.named_parameters())}
+
+
+def _next_token_loss(logits, ids) -> float:
+    """The causal LM loss of ``logits`` on ``ids``: each position predicts the next token (what the model's own loss
+    computes when given labels)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
 
 
 def adapter_config(folder: str | Path) -> dict:

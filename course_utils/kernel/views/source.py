@@ -65,4 +65,7 @@ def show_script_function(script: str, name: str) -> None:
     if node is None:
         raise LookupError(f"no function {name!r} in {paths.relative(path)}")
     first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-    print("\n".join(text.splitlines()[first - 1:node.end_lineno]))
+    lines = text.splitlines()
+    print(f"{paths.relative(path)}:")
+    for number in range(first, node.end_lineno + 1):
+        print(f"  {number:5d} | {lines[number - 1]}")
