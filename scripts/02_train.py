@@ -1,6 +1,6 @@
 """A common tutorial's BERT emotion classifier, trained with a DeepSpeed engine on every rank: each rank
-trains and evaluates on its own shard, the loss is all_reduced for logging, predictions are
-all_gathered for one classification report, and the checkpoint is reloaded into a fresh engine.
+trains and evaluates on its own shard, each step's loss is averaged over the ranks for logging, predictions
+are all_gathered for one classification report, and the checkpoint is reloaded into a fresh engine.
 
 With --tutorial_loop it reproduces that tutorial's loop instead: no DistributedSampler, so every rank
 trains on the same batches and evaluates every example.
@@ -11,10 +11,13 @@ Run from a terminal:
 import argparse
 import os
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import deepspeed
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader
 
@@ -27,10 +30,27 @@ from course_utils.common.records.training import TrainLoss
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, seed_everything
 
 
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The loss every rank computed on its own batch, averaged over ranks (for logging only)."""
+    total = value.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return (total / dist.get_world_size()).item()
+
+
+def train_step(engine, batch, device) -> float:
+    """One training step on this rank's batch through the DeepSpeed engine; returns the batch loss averaged
+    over the ranks (for logging)."""
+    out = engine(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                 labels=batch["label"].to(device))
+    engine.backward(out.loss)          # gradients, averaged across ranks
+    engine.step()                      # optimizer step (+ clipping, scheduler, zero_grad)
+    return mean_over_ranks(out.loss)
+
+
 def learner_functions(files) -> dict:
-    """shard_loader and gather_predictions: the course's, replaced by the notebook's exercise functions
-    where the files define them (checks.export_function wrote them)."""
-    found = {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions}
+    """shard_loader, gather_predictions and train_step: the course's, replaced by the notebook's exercise
+    functions where the files define them (checks.export_function wrote them)."""
+    found = {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions, "train_step": train_step}
     for path in files:
         found.update(load_exercise(path, list(found)))
     return found
@@ -61,11 +81,25 @@ def evaluate(engine, loader, gather, device):
     return gather(torch.cat(idx), torch.cat(preds), torch.cat(labels))
 
 
-def mean_over_ranks(value: torch.Tensor) -> float:
-    """The loss every rank computed on its own batch, averaged over ranks (for logging only)."""
-    total = value.detach().clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return (total / dist.get_world_size()).item()
+@contextmanager
+def watching_logits(model: torch.nn.Module) -> Iterator[dict]:
+    """A dict that a forward hook fills with the logits of ``model``'s latest forward (a copy): the script's own
+    measure of the loss each rank trained on, whatever a learner's ``train_step`` computes or returns."""
+    seen: dict = {}
+    hook = model.register_forward_hook(lambda module, inputs, output: seen.update(logits=output.logits.detach().clone()))
+    try:
+        yield seen
+    finally:
+        hook.remove()
+
+
+def own_loss(seen: dict, batch, device) -> float:
+    """This rank's loss on its own batch, from the logits the step's forward produced (the loss that
+    BertForSequenceClassification computes for integer labels: cross-entropy, averaged over the batch)."""
+    if "logits" not in seen:
+        raise RuntimeError("train_step ran no forward through the engine: call engine(input_ids=..., "
+                           "attention_mask=..., labels=...) on the batch")
+    return F.cross_entropy(seen.pop("logits").float(), batch["label"].to(device)).item()
 
 
 def prepare_data(args, rank: int):
@@ -81,24 +115,23 @@ def prepare_data(args, rank: int):
     return tokenizer, train_set, eval_set
 
 
-def train(args, engine, train_loader, device) -> int:
-    """Train ``--epochs`` epochs (or ``--max_steps`` steps); returns the number of steps taken."""
+def train(args, engine, train_loader, device, train_step) -> int:
+    """Train ``--epochs`` epochs (or ``--max_steps`` steps), one ``train_step`` per batch; returns the number of
+    steps taken. Every step records this rank's own batch loss (measured here) beside what ``train_step``
+    returned, so the notebook can check a learner's step against what the ranks measured."""
     step = 0
-    for epoch in range(args.epochs):
-        if hasattr(train_loader.sampler, "set_epoch"):
-            train_loader.sampler.set_epoch(epoch)     # a new shuffle each epoch, the same on every rank
-        for batch in train_loader:
-            if step == 0:
-                record("first_batch", batch["idx"][:8])   # which examples this rank trains on first
-            out = engine(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                         labels=batch["label"].to(device))
-            engine.backward(out.loss)
-            engine.step()
-            step += 1
-            if step % args.log_every == 0:
-                record(TrainLoss(step=step, loss=mean_over_ranks(out.loss)))
-            if step == args.max_steps:
-                return step
+    with watching_logits(engine.module) as logits:
+        for epoch in range(args.epochs):
+            if hasattr(train_loader.sampler, "set_epoch"):
+                train_loader.sampler.set_epoch(epoch)     # a new shuffle each epoch, the same on every rank
+            for batch in train_loader:
+                if step == 0:
+                    record("first_batch", batch["idx"][:8])   # which examples this rank trains on first
+                mean = train_step(engine, batch, device)
+                step += 1
+                record(TrainLoss(step=step, own=own_loss(logits, batch, device), mean=float(mean)))
+                if step == args.max_steps:
+                    return step
     return step
 
 
@@ -111,10 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_length", type=int, default=32, help="tokens per example (padded/truncated)")
     parser.add_argument("--vocab_size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--log_every", type=int, default=10, help="steps between all_reduced loss records")
     parser.add_argument("--tutorial_loop", action="store_true", help="the tutorial's loop: no DistributedSampler")
     parser.add_argument("--functions", nargs="*", default=[],
-                        help="files defining shard_loader and/or gather_predictions, used instead of course_utils'")
+                        help="files defining shard_loader, gather_predictions and/or train_step, used instead of the course's")
     parser.add_argument("--output_dir", default=None, help="where the checkpoint goes (default: the run folder's checkpoint/)")
     return parser
 
@@ -148,7 +180,7 @@ def main(argv=None) -> None:
     record("train_batches_per_epoch", len(train_loader))
 
     started = time.perf_counter()
-    step = train(args, engine, train_loader, device)
+    step = train(args, engine, train_loader, device, fns["train_step"])
     train_seconds = time.perf_counter() - started
     idx, preds, labels = evaluate(engine, eval_loader, gather, device)
     accuracy = (preds == labels).float().mean().item()

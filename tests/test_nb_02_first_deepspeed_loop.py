@@ -1,5 +1,6 @@
 """Notebook 02 executed with papermill: DeepSpeed's own batch-size assertion met and fixed, the tutorial loop's sampler bug measured, the fixed loop learning well above
-chance, each evaluation example counted once, and the checkpoint reproducing the accuracy."""
+chance, each evaluation example counted once, and the checkpoint reproducing the accuracy; and the pieces of exercise 4's
+check (the loss the script measures in the ranks, the slips the check names) without a launch."""
 import pytest
 
 from conftest import run_notebook
@@ -27,3 +28,37 @@ def test_notebook_runs_and_records_its_figures():
     assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 64 != 32 * 4 *" \
         in m["deepspeed_refused"], "the broken config must meet DeepSpeed's own assertion (pre-check off)"
     assert m["tutorial_batch_sizes"] == {"micro": 32, "accumulation": 4, "global": 32 * 4 * world}, "the fixed config ran"
+    assert m["rank_loss_spread"] > 0.01, "the ranks' own batch losses differ, so a rank returning its own loss fails exercise 4"
+
+
+def test_exercise_4_check_names_the_usual_slips_and_passes_the_mean():
+    import pandas as pd
+
+    from course_utils.kernel.views.first_loop import misreported
+
+    own = pd.DataFrame({0: [1.0, 0.8, 0.5], 1: [1.2, 0.6, 0.7]}, index=[1, 2, 3])    # step × rank
+    mean = own.mean(axis=1)
+    assert misreported(own, pd.DataFrame({0: mean, 1: mean})) == ""
+    assert "its own batch" in misreported(own, own)
+    assert "the sum over the ranks" in misreported(own, pd.DataFrame({0: 2 * mean, 1: 2 * mean}))
+    off = misreported(own, pd.DataFrame({0: mean, 1: mean.where(mean.index != 2, 0.0)}))
+    assert off.startswith("at 1 of 3 steps") and "own batch" not in off and "sum" not in off
+
+
+def test_the_script_measures_the_loss_the_model_trained_on():
+    import torch
+    from script_modules import load_script
+
+    from course_utils.rank.models import tiny_bert_classifier
+
+    s = load_script("02_train")
+    model = tiny_bert_classifier(50, 6, seed=0)
+    batch = {"input_ids": torch.randint(0, 50, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long),
+             "label": torch.tensor([0, 5, 2, 2])}
+    with s.watching_logits(model) as seen:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["label"])
+        assert s.own_loss(seen, batch, "cpu") == pytest.approx(out.loss.item(), rel=1e-6)
+        with pytest.raises(RuntimeError, match="no forward"):
+            s.own_loss(seen, batch, "cpu")          # each step needs its own forward
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    assert seen == {}, "the hook is gone once training ends"

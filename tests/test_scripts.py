@@ -112,7 +112,8 @@ def test_01_ring_record_compares_with_all_reduce():
 
 def test_02_learner_functions_replace_only_what_the_exercise_file_defines(tmp_path):
     s = load_script("02_train")
-    assert s.learner_functions([]) == {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions}
+    assert s.learner_functions([]) == {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions,
+                                       "train_step": s.train_step}
 
     def shard_loader(dataset, batch_size, rank, world_size, shuffle=False, seed=0):
         return ["mine", dataset, batch_size, rank, world_size]

@@ -8,7 +8,9 @@ from course_utils.common.record import Record
 
 @dataclass
 class TrainLoss(Record, name="train_loss"):
-    """The training loss at a step, averaged over the ranks."""
+    """One training step on one rank: the loss of this rank's own batch (measured by the script from the step's
+    logits) and the mean over ranks that the step function returned for logging."""
     step: int
-    loss: float
+    own: float
+    mean: float
 
