@@ -1,7 +1,9 @@
 """ZeRO stages 0-3 on the same GPT-2, in one launch: per-rank bytes of parameters, gradients and
 optimizer states, measured by walking what each engine holds after backward (before the step); the
 messages each collective sent during that step (DeepSpeed's comms logger); which slice of the model
-each rank owns; and, with --grad_peaks, the gradient bytes at their peak *during* backward.
+each rank owns; with --grad_peaks, the gradient bytes at their peak *during* backward; with --regather, stage 3's
+messages when parameters are released after use; with --read_whole, a few parameters read after the step (at stage 3
+also by the learner's read_whole, which must gather them).
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/03_zero_memory.py --stages 0 1 2 3 --dtypes fp32 bf16
 """
@@ -16,9 +18,9 @@ from course_utils.rank.engine import accelerator_bytes, ds_config, forward_backw
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import count_parameters, tiny_gpt2
 from course_utils.common.record import record
-from course_utils.common.records.zero import (Comms, GradPeak, Inventory, Ownership, Partition, YourConfig,
-    ZeroMemory)
-from course_utils.rank.scaffolding import finish, parse_args, rank0_print, read_config
+from course_utils.common.records.zero import (Comms, GradPeak, Inventory, Ownership, Partition, WholeRead,
+    YourConfig, ZeroMemory)
+from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, read_config
 from course_utils.common.zero_rules import OPTIMIZER_TO_HOST, STATES_TO_HOST   # notebook 04's offload rungs
 
 OFFLOAD = {"": {}, "optimizer": OPTIMIZER_TO_HOST, "optimizer+params": STATES_TO_HOST}
@@ -40,9 +42,10 @@ def stepped_engine(config: dict):
     return engine, psi
 
 
-def measure(stage: int, dtype: str, offload: str = "") -> None:
+def measure(stage: int, dtype: str, offload: str = "", reads=None) -> None:
     """Build, take one full step (so Adam's states exist), then measure after the next backward. ``offload``:
-    "optimizer" (offload_optimizer to the host) or "optimizer+params" (offload_param too, stage 3)."""
+    "optimizer" (offload_optimizer to the host) or "optimizer+params" (offload_param too, stage 3). ``reads``:
+    {reader: function} to run on :data:`WHOLE_READ` after the step (exercise 2; fp32, stages 0 and 3)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     config = comms.with_comms_logger(ds_config(stage, dtype, **OFFLOAD[offload]))
     engine, psi = stepped_engine(config)
@@ -70,6 +73,8 @@ def measure(stage: int, dtype: str, offload: str = "") -> None:
                      owned_numel=owned_numel(engine, stage, psi), messages=window.messages))
     if dtype == "fp32":
         record(ownership(engine, stage))
+        if reads and stage in (0, 3):
+            record_reads(engine, stage, reads)
     release(engine)
 
 
@@ -114,9 +119,29 @@ def ownership(engine, stage: int) -> Ownership:
     return Ownership(stage=stage, rank=rank, world_size=world_size, params=params, slices=slices)
 
 
-# Stage 3 knobs that release every gathered parameter right after its use (notebook 04's "tight" setting).
-RELEASE_AFTER_USE = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0,
-                     "stage3_max_live_parameters": 1e5}
+# Exercise 2 reads these after the measured step: the tied token embedding and one MLP weight (partitioned by
+# stage 3) and a LayerNorm weight (small enough to stay whole on every rank: persistent).
+WHOLE_READ = ("transformer.wte.weight", "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.ln_1.weight")
+
+
+def plain_read(params: dict) -> dict:
+    """Each parameter's (shape, norm) as plain PyTorch reads it: the whole tensor at stage 0; at stage 3 whatever
+    ``.data`` holds outside a gather. Stage 0's reads are what exercise 2's are compared with."""
+    return {name: (tuple(p.shape), float(p.detach().norm())) for name, p in params.items()}
+
+
+def record_reads(engine, stage: int, reads: dict) -> None:
+    """Call each reader on :data:`WHOLE_READ` on every rank and record what it returned (a reader that gathers
+    needs every rank to take part). The learner's reader runs at stage 3 only."""
+    params = {name: p for name, p in engine.module.named_parameters() if name in WHOLE_READ}
+    for reader, read in reads.items():
+        if reader == "plain" or stage == 3:
+            record(WholeRead(stage=stage, rank=dist.get_rank(), reader=reader, reads=read(params)))
+
+
+# Stage 3 knobs that release every gathered parameter right after its use: no reuse distance, no prefetch
+# (a parameter the prefetcher fetched ahead is kept: PartitionedParameterCoordinator.__params_to_release).
+RELEASE_AFTER_USE = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}
 
 
 def regather_comms(dtype: str) -> None:
@@ -134,11 +159,25 @@ def regather_comms(dtype: str) -> None:
     release(engine)
 
 
-def gradient_bytes(engine) -> tuple[int, int]:
-    """(gradient bytes, gradient-bucket bytes) the engine holds now, by walking its tensors."""
+def gradient_bytes(engine) -> tuple[int, int, dict]:
+    """(gradient bytes, gradient-bucket bytes, gradient bytes by where they are held) the engine holds now, by
+    walking its tensors. Where: the ZeRO optimizer's partition buffer of this backward (``grads_in_partition``),
+    its sum of the earlier micro-steps (``all_grad_tensors``), or whole ``param.grad`` tensors not reduced yet."""
     inventory = tensor_inventory(engine)
+    optimizer = engine.optimizer
+    held_in = {}
+    if getattr(optimizer, "grads_in_partition", None) is not None:
+        held_in[optimizer.grads_in_partition.untyped_storage().data_ptr()] = "grads_in_partition"
+    for grads in (getattr(optimizer, "all_grad_tensors", None) or {}).values():
+        for g in grads or []:
+            held_in[g.untyped_storage().data_ptr()] = "all_grad_tensors"
+    where = {}
+    for e in inventory:
+        if e.category == "grads":
+            label = held_in.get(e.storage, "param.grad")
+            where[label] = where.get(label, 0) + e.nbytes
     return (sum(e.nbytes for e in inventory if e.category == "grads"),
-            sum(e.nbytes for e in inventory if e.category == "buffers" and "bucket" in e.path))
+            sum(e.nbytes for e in inventory if e.category == "buffers" and "bucket" in e.path), where)
 
 
 def grad_peak(stage: int, gas: int, bucket: float = 1e6) -> None:
@@ -167,9 +206,11 @@ def grad_peak(stage: int, gas: int, bucket: float = 1e6) -> None:
         engine.step()
     partition = sum(p.numel() for group in getattr(engine.optimizer, "params_in_partition", []) for p in group)
     if dist.get_rank() == 0:
+        peak = max(samples, key=lambda s: s[0])
         record(GradPeak(stage=stage, world_size=dist.get_world_size(), gas=gas, num_params=psi,
-                        peak_grad_bytes=max(s[0] for s in samples), peak_bucket_bytes=max(s[1] for s in samples),
-                        between_micro_steps=between, partition_numel=partition, bucket_numel=int(bucket)))
+                        peak_grad_bytes=peak[0], peak_bucket_bytes=max(s[1] for s in samples),
+                        between_micro_steps=between, partition_numel=partition, bucket_numel=int(bucket),
+                        peak_held_in=peak[2]))
     release(engine)
 
 
@@ -222,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad_peaks", action="store_true", help="also the gradient bytes during backward, "
                         "stages 1-2, gradient_accumulation_steps 1 and 2")
     parser.add_argument("--yours", help="also a config file of your own, measured the same way")
+    parser.add_argument("--read_whole", nargs="?", const="", default=None, metavar="FILE",
+                        help="record the plain read of a few parameters' shape and norm after the fp32 step at stages 0 "
+                        "and 3; with FILE, also its read_whole(params) at stage 3 (exercise 2)")
     parser.add_argument("--offload", action="store_true", help="also stage 2 + offload_optimizer and stage 3 + "
                         "offload_optimizer + offload_param (to the host), in the first dtype")
     return parser
@@ -230,9 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     args = parse_args(build_parser(), argv)
     deepspeed.init_distributed()
+    reads = None if args.read_whole is None else {"plain": plain_read}
+    if args.read_whole:
+        reads["yours"] = load_exercise(args.read_whole, ["read_whole"])["read_whole"]
     for dtype in args.dtypes:
         for stage in args.stages if dtype != "bf16" or args.bf16_stages is None else args.bf16_stages:
-            measure(stage, dtype)
+            measure(stage, dtype, reads=reads)
     if args.offload:
         measure(2, args.dtypes[0], "optimizer")
         measure(3, args.dtypes[0], "optimizer+params")

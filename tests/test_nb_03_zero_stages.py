@@ -3,7 +3,7 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.common.record import as_records
-from course_utils.common.records.zero import GradPeak, Ownership, YourConfig
+from course_utils.common.records.zero import GradPeak, Ownership, WholeRead, YourConfig
 from course_utils.kernel import hardware
 
 NAME = "03_zero_stages"
@@ -42,6 +42,7 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     assert m["round_robin_order"] == ["p0", "p3", "p6", "p1", "p4", "p7", "p2", "p5"]
     assert m["stage3_shard_numel"] == -(-m["stage3_weight_numel"] // procs)
     assert m["stage3_prediction_matches"] is True      # exercise 1's solution against every rank's record
+    assert m["read_whole_matches"] is True             # exercise 2's solution, run by the ranks, against stage 0
     [yours] = as_records(m["your_config"], YourConfig)   # exercise 2's solution, launched on 4 ranks beside the others
     assert (yours.stage, yours.dtype, yours.world_size) == (3, "fp32", 4)
     held = yours.measured["model_states"]
@@ -51,6 +52,7 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     check_each_stage_sends_what_deepspeed_0_19_issues(m)
     check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m)
     check_the_ranks_own_disjoint_slices_that_cover_the_model(m)
+    check_the_plain_read_finds_placeholders_at_stage_3(m)
 
 
 def _comm(m):
@@ -70,7 +72,7 @@ def check_each_stage_sends_what_deepspeed_0_19_issues(m):
     comm = _comm(m)
     procs = hardware.detect().default_procs
     assert {(procs, "fp32", f"stage {s}") for s in range(4)} | {(procs, "bf16", f"stage {s}") for s in (0, 3)} <= set(comm)
-    # (the run "released after use" is make course's only: the notebook checks there that it gathers at least twice)
+    assert (procs, "fp32", "stage 3, released after use") in comm
     for (n, dtype, run), c in comm.items():
         elem = 4 if dtype == "fp32" else 2
         psi, owned, ops, stage = c["psi"], c["owned"], c["ops"], c["stage"]
@@ -103,6 +105,12 @@ def check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m):
     assert peaks[(2, 1)].peak_grad_bytes < peaks[(1, 1)].peak_grad_bytes
     assert abs(peaks[(1, 2)].between_micro_steps - full) <= 64
     assert abs(peaks[(2, 2)].between_micro_steps - 4 * peaks[(2, 2)].partition_numel) <= 64
+    # the peak's parts: whole gradients (stage 1: all of them), stage 2's partition buffers, its earlier micro-steps' sum
+    for gas in (1, 2):
+        assert set(peaks[(1, gas)].peak_held_in) == {"param.grad"}, peaks[(1, gas)].peak_held_in
+        assert sum(peaks[(2, gas)].peak_held_in.values()) == peaks[(2, gas)].peak_grad_bytes
+    assert peaks[(2, 1)].peak_held_in.get("all_grad_tensors", 0) == 0            # nothing to keep without accumulation
+    assert peaks[(2, 2)].peak_held_in["all_grad_tensors"] > 0                      # the first micro-step's partition
 
 
 def check_the_ranks_own_disjoint_slices_that_cover_the_model(m):
@@ -135,3 +143,16 @@ def check_the_ranks_own_disjoint_slices_that_cover_the_model(m):
                 whole_on[name] = whole_on.get(name, 0) + 1
     persistent = [name for name, count in whole_on.items() if count == stage3[0].world_size]
     assert sum(numel[name] for name in persistent) == m["persistent_numel"]["fp32"]
+
+
+def check_the_plain_read_finds_placeholders_at_stage_3(m):
+    """Exercise 2's premise: plain PyTorch reads the whole parameter at stage 0; at stage 3 it finds an empty placeholder
+    for a partitioned parameter and the whole one for a persistent (small) parameter, on every rank."""
+    reads = {(r.stage, r.reader, r.rank): r.reads for r in as_records(m["whole_reads"], WholeRead)}
+    procs = hardware.detect().default_procs
+    for rank in range(procs):
+        whole, placeholder = reads[(0, "plain", rank)], reads[(3, "plain", rank)]
+        assert placeholder["transformer.wte.weight"] == [[0], 0.0]
+        assert placeholder["transformer.h.0.mlp.c_fc.weight"] == [[0], 0.0]
+        assert placeholder["transformer.h.0.ln_1.weight"][0] == whole["transformer.h.0.ln_1.weight"][0] == [384]
+        assert whole["transformer.wte.weight"][0] == [8192, 384]

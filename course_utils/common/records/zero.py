@@ -1,5 +1,6 @@
 """The records of notebook 03's ZeRO stages (scripts/03_zero_memory.py): model states per rank, the collectives
-of one step, which slice each rank owns, gradient peaks during backward, stage 3's partitioned weight."""
+of one step, which slice each rank owns, gradient peaks during backward, stage 3's partitioned weight, and a few
+parameters read whole (exercise 2)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -67,6 +68,19 @@ class GradPeak(Record, name="grad_peak"):
     between_micro_steps: int      # gradient bytes held after a backward that does not end the cycle (gas > 1)
     partition_numel: int          # elements of the whole parameters touching this rank's partition
     bucket_numel: int             # reduce_bucket_size of the run
+    peak_held_in: dict = field(default_factory=dict)   # at the peak, bytes by holder: grads_in_partition,
+                                                        # all_grad_tensors (earlier micro-steps), param.grad (whole)
+
+
+@dataclass
+class WholeRead(Record, name="whole_read"):
+    """A few parameters read after the measured step on one rank (exercise 2): stage 0's plain read is the whole
+    tensor; at stage 3 the plain read sees what ``.data`` holds outside a gather, the learner's ``read_whole``
+    what it gathered."""
+    stage: int
+    rank: int
+    reader: str                   # "plain" (as PyTorch reads a module's parameter) or "yours"
+    reads: dict                   # parameter name → [shape, norm], as the reader returned them
 
 
 @dataclass

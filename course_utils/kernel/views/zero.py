@@ -1,12 +1,13 @@
 """Notebook 03's tables and figures: the ZeRO keys of the course configs, measured bytes per rank
-against the formulas, stage 3's partitions, and the DeepSpeed source lines the notebook cites."""
+against the formulas, stage 3's partitions, parameters read whole (exercise 2), and the DeepSpeed source
+lines the notebook cites."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from course_utils.kernel import configs
 from course_utils.common.record import read_as
-from course_utils.common.records.zero import Comms, GradPeak, Ownership, Partition, ZeroMemory
+from course_utils.common.records.zero import Comms, GradPeak, Ownership, Partition, WholeRead, ZeroMemory
 from course_utils.common.zero_rules import BYTES_PER_PARAM, deepspeed_expected, edge_grad_numel, zero_formula
 from course_utils.kernel.views.source import show_source
 
@@ -83,6 +84,44 @@ def partition_table(records: list[dict]):
     return pd.DataFrame(read_as(records, Partition, rank=None)).set_index("rank")
 
 
+WHOLE_READERS = {(0, "plain"): "stage 0, plain read", (3, "plain"): "stage 3, plain read", (3, "yours"): "stage 3, yours"}
+
+
+def whole_read_table(records: list[dict], rank: int = 0):
+    """Exercise 2's reads on rank ``rank``: each parameter's shape and norm as stage 0 read it, as the same plain
+    read finds it at stage 3, and as the learner's ``read_whole`` returned it. Norms to one decimal only: the
+    table shows what the reads found, the check compares them at full precision."""
+    import pandas as pd
+
+    rows = []
+    for r in read_as(records, WholeRead, rank=None):
+        if r.rank == rank:
+            for name, (shape, norm) in r.reads.items():
+                rows.append({"read": WHOLE_READERS[(r.stage, r.reader)], "parameter": name, "shape": tuple(shape),
+                             "norm": round(float(norm), 1)})
+    return pd.DataFrame(rows).set_index(["read", "parameter"])
+
+
+def whole_read_mismatches(records: list[dict], world_size: int, rel: float = 1e-4) -> list[str]:
+    """Where the learner's stage-3 reads (every rank's) differ from rank 0's plain read at stage 0 (the whole
+    tensors after the same two steps): a missing rank or parameter, a shape, or a norm off by more than ``rel``
+    (stage 0 and stage 3 reduce the gradients differently, so the norms agree to about 1e-7, not bit for bit)."""
+    reads = read_as(records, WholeRead, rank=None)
+    reference = next(r.reads for r in reads if (r.stage, r.reader, r.rank) == (0, "plain", 0))
+    yours = {r.rank: r.reads for r in reads if r.reader == "yours"}
+    wrong = [f"rank {k}: no answer" for k in range(world_size) if k not in yours]
+    for k, got in sorted(yours.items()):
+        for name, (shape, norm) in reference.items():
+            answer = got.get(name)
+            if not (isinstance(answer, (list, tuple)) and len(answer) == 2):
+                wrong.append(f"rank {k}, {name}: not a (shape, norm) pair")
+            elif list(answer[0]) != list(shape):
+                wrong.append(f"rank {k}, {name}: shape")
+            elif not isinstance(answer[1], (int, float)) or abs(answer[1] - norm) > rel * norm:
+                wrong.append(f"rank {k}, {name}: norm")
+    return wrong
+
+
 def plot_zero_memory(rows: list[dict], rank: int = 0):
     """Stacked bars of rank ``rank``'s params / grads / optimizer bytes per stage, one panel per
     (world size, dtype), with the paper's formula as a black tick."""
@@ -157,16 +196,49 @@ def comm_volume_table(rows: list[dict]):
     return table.round(3)
 
 
+GRAD_HOLDERS = ("param.grad", "grads_in_partition", "all_grad_tensors")   # where a peak's gradient bytes are held
+
+
 def grad_peak_table(records: list[dict]):
-    """The gradient bytes of stages 1 and 2 during backward (``--grad_peaks``), in multiples of Ψ × 4 bytes."""
+    """The gradient bytes of stages 1 and 2 during backward (``--grad_peaks``), in multiples of Ψ × 4 bytes, with
+    the peak split by where DeepSpeed holds it: whole ``param.grad`` tensors not reduced yet, the partition buffer
+    of this backward (``grads_in_partition``), the sum of the earlier micro-steps (``all_grad_tensors``)."""
     import pandas as pd
 
     rows = [{"world_size": g.world_size, "stage": g.stage, "gradient_accumulation_steps": g.gas,
              "peak during backward (Ψ)": g.peak_grad_bytes / (4 * g.num_params),
+             **{f"… in {h}": g.peak_held_in.get(h, 0) / (4 * g.num_params) for h in GRAD_HOLDERS},
+             "its partition (Ψ)": g.partition_numel / g.num_params,
              "held between micro-steps (Ψ)": g.between_micro_steps / (4 * g.num_params) if g.gas > 1 else None,
              "buckets at most (MB)": g.peak_bucket_bytes / 1e6}
             for g in read_as(records, GradPeak)]
     return pd.DataFrame(rows).set_index(["world_size", "stage", "gradient_accumulation_steps"]).round(3)
+
+
+def grad_peak_comparison(records: list[dict]) -> list[str]:
+    """One line per gradient_accumulation_steps: stage 2's peak against stage 1's and, with accumulation, what each
+    holds between micro-steps (multiples of Ψ × 4 bytes), so the text can say which is larger on these ranks."""
+    peak = {(g.stage, g.gas): g for g in read_as(records, GradPeak)}
+    lines = []
+    for gas in sorted({g for _, g in peak}):
+        s1, s2 = peak[(1, gas)], peak[(2, gas)]
+        psi4 = 4 * s2.num_params
+        line = (f"{s2.world_size} ranks, gradient_accumulation_steps {gas}: stage 2 peaks at {s2.peak_grad_bytes / psi4:.3f}Ψ, "
+                f"{'below' if s2.peak_grad_bytes < s1.peak_grad_bytes else 'above'} stage 1's {s1.peak_grad_bytes / psi4:.3f}Ψ")
+        if gas > 1:
+            line += (f"; between micro-steps stage 2 holds {s2.between_micro_steps / psi4:.3f}Ψ, "
+                     f"stage 1 {s1.between_micro_steps / psi4:.3f}Ψ")
+        lines.append(line)
+    return lines
+
+
+def stage2_peak_matches_the_code(peak: GradPeak, waiting_numel: int) -> bool:
+    """Whether a stage-2 peak is what section 3 reads in DeepSpeed: whole ``param.grad`` bytes of exactly the one
+    gradient larger than the bucket (``waiting_numel`` fp32 elements, give or take a scalar), and partition buffers
+    (this backward's, and the earlier micro-steps' sum) of at most one partition each."""
+    held = peak.peak_held_in
+    return (abs(held.get("param.grad", 0) - 4 * waiting_numel) <= 4096
+            and max(held.get("grads_in_partition", 0), held.get("all_grad_tensors", 0)) <= 4 * peak.partition_numel)
 
 
 def plot_ownership(records: list[dict], stages=(0, 1, 2, 3), first: int | None = None):
