@@ -5,7 +5,8 @@
    (the bubble), counted per schedule step, and the bytes its sends moved.
 2. The same model on one rank (plain PyTorch, the same AdamW, the same batches): the losses side by side.
 3. ZeRO-2 asked of the pipeline engine: DeepSpeed's own refusal.
-4. A lopsided layer list partitioned "uniform" and by your ``build_pipeline`` (--yours): parameters per stage.
+4. A layer list with a frozen base, partitioned "uniform", "parameters" and by your ``build_pipeline`` (--yours):
+   parameters per stage, all and trainable.
 5. DeepSpeed-Ulysses' DistributedAttention against one-rank attention, with its all-to-all bytes.
 6. AutoTP (``tensor_parallel``) on the course's GPT-2 and on a tiny Llama.
 
@@ -43,19 +44,16 @@ def sweep(config: dict, ms: list, batches: int) -> list:
         stage = engine.stage_id
         shares = [idle for _, (idle, _, _) in measured[1:]]
         _, busy, window = measured[-1][1]
-        record(Bubble(m=m, stages=2, stage=stage, idle_share=statistics.median(shares), last_share=shares[-1],
-                         formula=pp.formula(m, 2),
-                         busy_ms=busy, window_ms=window, idle_steps=trace.idle_steps(), steps=len(trace.steps),
-                         in_flight=trace.in_flight(), by_instruction=trace.by_instruction()))
-        record(StageStream(m=m, stage=stage, executed=[[*s] for s in _executed(trace)],
-                              scheduled=pp.schedule(m, 2, stage), durations=trace.durations()))
+        record(Bubble(m=m, stages=2, stage=stage, idle_share=statistics.median(shares), shares=shares,
+                      busy_ms=busy, window_ms=window, idle_steps=trace.idle_steps(), steps=len(trace.steps),
+                      in_flight=trace.in_flight(), by_instruction=trace.by_instruction()))
+        record(StageStream(m=m, stage=stage, executed=[[*s] for s in _executed(trace)], durations=trace.durations()))
         record(StageBytes(m=m, stage=stage, sent=dict(trace.sent), activation_shape=[pp.MICRO, pp.WIDTH],
-                             element_bytes=4))
+                          element_bytes=4))
         if m == LOSS_M:
             losses = [loss for loss, _ in measured]
             record("pipeline_optimizer", type(engine.optimizer).__name__)
-        rank0_print(f"m={m}: stage {stage} idle {statistics.median(shares):.1%} "
-                    f"(formula {pp.formula(m, 2):.1%})")
+        rank0_print(f"m={m}: stage {stage} idle {statistics.median(shares):.1%} of the window")
     return losses
 
 
@@ -95,24 +93,25 @@ def refused(config: dict, stage: int) -> str:
 
 
 def partitions(yours) -> None:
-    """Parameters per stage of the lopsided layer list: as given ("uniform"), and as you partition it."""
-    from course_utils.rank.parallel import lopsided_layers, stage_parameters
+    """Parameters per stage (all, and trainable) of the layer list with a frozen base: "uniform", "parameters" (as
+    the colleague asked), and as you partition it."""
+    from course_utils.rank.parallel import frozen_base_layers, stage_parameters
 
     with contextlib.redirect_stdout(io.StringIO()):
-        pipes = {"uniform (as given)": PipelineModule(layers=lopsided_layers(), num_stages=2, loss_fn=pp.mse,
-                                                      partition_method="uniform")}
+        pipes = {label: PipelineModule(layers=frozen_base_layers(), num_stages=2, loss_fn=pp.mse, partition_method=method)
+                 for label, method in (("uniform", "uniform"), ("parameters (as given)", "parameters"))}
         if yours:
-            pipes["yours"] = yours(lopsided_layers(), 2, pp.mse)
+            pipes["yours"] = yours(frozen_base_layers(), 2, pp.mse)
     for label, pipe in pipes.items():
-        counts = stage_parameters(pipe)
-        record(Partition(label=label, parameters=counts,
+        counts, trainable = stage_parameters(pipe)
+        record(Partition(label=label, parameters=counts, trainable=trainable,
                          layers=[pipe.parts[s + 1] - pipe.parts[s] for s in range(pipe.num_stages)]))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--batches", type=int, default=5, help="train_batch calls per m (the first warms up)")
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--batches", type=int, default=8, help="train_batch calls per m (the first warms up)")
     parser.add_argument("--yours", default=None, help="a file defining build_pipeline(layers, num_stages, loss_fn)")
     return parser
 

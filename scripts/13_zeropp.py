@@ -4,7 +4,7 @@
    one forward and backward, counted by where its bytes come from (this rank's node or the other one).
 2. qwZ and qgZ (``zero_quantized_weights``, ``zero_quantized_gradients``): DeepSpeed's own message on this machine.
 3. DeepSpeed-Ulysses on 4 ranks against one-rank attention.
-4. The 2-stage pipeline with 2 data-parallel replicas, at ZeRO stages 0 and 1: optimizer-state bytes per rank.
+4. The 2-stage pipeline with 2 data-parallel replicas, at ZeRO stages 0 and 1: the optimizer's bytes per rank.
 
 Run from a terminal (on one node of 4 ranks every gather stays inside the node; the course starts 2 launchers of 2
 ranks with --no_ssh, as notebook 01 does):
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from course_utils.common import paths
 from course_utils.rank import parallel as pp
+from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.parallel_comm import GatherCounter, ulysses_check
 from course_utils.common.record import record
 from course_utils.common.records.parallel import PipeZero
@@ -49,17 +50,17 @@ def zero3_step(config: dict, label: str, counter: GatherCounter | None) -> str:
 
 
 def pipeline_zero1() -> None:
-    """Stage 0 and stage 1 of the pipeline engine over 2 stages × 2 replicas: optimizer-state bytes of this rank."""
+    """Stage 0 and stage 1 of the pipeline engine over 2 stages × 2 replicas: the bytes this rank's optimizer holds,
+    walked as notebook 03 walks them (:func:`course_utils.rank.memory.tensor_inventory`): Adam's moments, and at
+    ZeRO-1 the fp32 copy of this rank's partition that DeepSpeed's ZeRO optimizer steps on."""
     config = read_config(paths.CONFIGS / "13_pipeline.json")
     for stage in (0, 1):
         engine = pp.engine(pp.layers(width=SMALL), config, 2, stage=stage)
         engine.train_batch(iter(pp.data(1, 2, width=SMALL, seed=1 + engine.grid.data_parallel_id)))
-        pipe = engine.module
-        inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
-        state = sum(t.numel() * t.element_size() for s in inner.state.values() for t in s.values()
-                    if torch.is_tensor(t) and t.dim() > 0)
+        held = model_state_bytes(tensor_inventory(engine))
         record(PipeZero(stage=stage, pipe_stage=engine.stage_id, data_parallel=engine.dp_world_size,
-                           stage_parameters=sum(p.numel() for p in pipe.parameters()), optimizer_state_bytes=state))
+                        stage_parameters=sum(p.numel() for p in engine.module.parameters()),
+                        optimizer_state_bytes=held["optimizer"]))
 
 
 def build_parser() -> argparse.ArgumentParser:

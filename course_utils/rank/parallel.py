@@ -30,15 +30,20 @@ def layers(blocks: int = BLOCKS, width: int = WIDTH, seed: int = 0) -> list:
     return [block(width) for _ in range(blocks)]
 
 
-def lopsided_layers(width: int = 64) -> list:
-    """Exercise 2's model: two wide Linear layers, then six layers without parameters. "uniform" gives each
-    stage four layers, and so every parameter to the first stage."""
+def frozen_base_layers(width: int = 64, bottleneck: int = 8) -> list:
+    """Exercise 2's model: a frozen base of two wide Linear layers (``requires_grad=False``, as the base weights of a
+    fine-tune with adapters), then two small trainable bottlenecks (the adapters) and activations between them.
+    DeepSpeed's "parameters" partition weighs only the trainable parameters (``PipelineModule._count_layer_params``),
+    and so puts the whole base on the first stage."""
     import torch
     import torch.nn as nn
 
     torch.manual_seed(0)
-    return [nn.Linear(width, 8 * width), nn.GELU(), nn.Linear(8 * width, width), nn.Tanh(),
-            nn.GELU(), nn.Tanh(), nn.GELU(), nn.Tanh()]
+    base = [nn.Linear(width, 8 * width), nn.GELU(), nn.Linear(8 * width, width)]
+    for layer in base:
+        layer.requires_grad_(False)
+    return [*base, nn.Linear(width, bottleneck), nn.Linear(bottleneck, width), nn.Tanh(),
+            nn.Linear(width, bottleneck), nn.Linear(bottleneck, width)]
 
 
 def mse(output, target):
@@ -86,11 +91,6 @@ def schedule(m: int, stages: int, stage: int) -> list[list[str]]:
     from deepspeed.runtime.pipe.schedule import TrainSchedule
 
     return [[repr(cmd) for cmd in step] for step in TrainSchedule(micro_batches=m, stages=stages, stage_id=stage)]
-
-
-def formula(m: int, p: int) -> float:
-    """The bubble of a synchronous pipeline: (p − 1) / (m + p − 1) of the time each stage waits."""
-    return (p - 1) / (m + p - 1)
 
 
 class Trace:
@@ -209,11 +209,14 @@ def measure_batch(engine, trace: Trace, batches) -> tuple[float, tuple[float, fl
     return loss, (1 - trace.busy() / window, trace.busy() * 1e3, window * 1e3)
 
 
-def stage_parameters(pipe) -> list[int]:
-    """Parameters each stage of ``pipe`` holds (every rank counts its own stage; gathered over the ranks)."""
+def stage_parameters(pipe) -> tuple[list[int], list[int]]:
+    """Parameters each stage of ``pipe`` holds, all of them and the trainable ones (every rank counts its own
+    stage; gathered over the ranks)."""
     import torch.distributed as dist
 
-    mine = (pipe.stage_id, sum(p.numel() for p in pipe.parameters()))
+    params = list(pipe.parameters())
+    mine = (pipe.stage_id, sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad))
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    return [dict(every)[s] for s in range(pipe.num_stages)]
+    by_stage = {s: (n, t) for s, n, t in every}
+    return [by_stage[s][0] for s in range(pipe.num_stages)], [by_stage[s][1] for s in range(pipe.num_stages)]

@@ -14,8 +14,7 @@ class Bubble(Record, name="pipeline_bubble_row"):
     stages: int
     stage: int
     idle_share: float            # 1 − (forward + backward time) / pipeline window: median over the timed batches
-    last_share: float            # the same for the last batch, whose instruction stream is recorded
-    formula: float               # (p − 1) / (m + p − 1)
+    shares: list                 # the same for each timed batch, in order (the last one's stream is recorded)
     busy_ms: float
     window_ms: float
     idle_steps: int              # schedule steps in which this stage ran no forward or backward pass
@@ -30,7 +29,6 @@ class StageStream(Record, name="pipeline_stream"):
     m: int
     stage: int
     executed: list
-    scheduled: list              # what TrainSchedule yields for this stage, for comparison
     durations: list              # milliseconds of each executed instruction, in order
 
 
@@ -51,7 +49,7 @@ class PipeZero(Record, name="pipeline_zero_state"):
     pipe_stage: int
     data_parallel: int
     stage_parameters: int
-    optimizer_state_bytes: int
+    optimizer_state_bytes: int   # what the rank's optimizer holds: its moments and, at ZeRO ≥ 1, its fp32 copy of the partition
 
 
 @dataclass
@@ -59,7 +57,8 @@ class Partition(Record, name="pipeline_partition"):
     """The parameters each stage of a ``PipelineModule`` holds, for the partition ``label``."""
     label: str
     layers: list                 # layers per stage
-    parameters: list             # parameters per stage
+    parameters: list             # parameters per stage, frozen or not
+    trainable: list              # of which trainable (requires_grad)
 
 
 @dataclass
