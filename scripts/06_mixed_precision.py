@@ -32,6 +32,7 @@ from course_utils.rank import comms
 from course_utils.rank.data import random_batch
 from course_utils.rank.engine import dtype_name, engine_dtypes, scaler_for
 from course_utils.rank.models import count_parameters, tiny_mlp
+from course_utils.rank.optimizers import held_out_loss
 from course_utils.common.record import record
 from course_utils.common.records.precision import (GRAD_MESSAGE_MIN_BYTES, EngineDtypes, EngineError, EngineLr,
     HysteresisDemo, Trace)
@@ -118,6 +119,7 @@ def engine_run(base: dict, fp16: dict, steps: int, device: str, label: str) -> T
         trace.overflow.append(bool(engine.optimizer.overflow))
         trace.lr.append(engine.get_lr()[0])
         trace.loss.append(loss.item())
+        trace.held_out.append(held_out_loss(engine, device, torch.half))
     trace.engine_skipped_steps = engine.skipped_steps
     engine.destroy()
     return trace
@@ -155,6 +157,7 @@ def scaler_run(base: dict, fp16: dict, steps: int, device: str, label: str) -> T
         trace.overflow.append(overflow)
         trace.lr.append(optimizer.param_groups[0]["lr"])
         trace.loss.append(loss.item())
+        trace.held_out.append(held_out_loss(model, device, torch.half))
     param = next(model.parameters())
     trace.dtypes = {"module": dtype_name(param.dtype), "master": dtype_name(master[0].dtype),
                     "grad": dtype_name(param.grad.dtype)}
@@ -231,7 +234,7 @@ def main(argv=None) -> None:
         trace = run(base, section, args.steps, device, label)
         record(trace)
         rank0_print(f"{label}: {sum(trace.overflow)} of {args.steps} steps skipped, "
-                    f"final scale {trace.scale[-1]:g}, final loss {trace.loss[-1]:.3f}")
+                    f"final scale {trace.scale[-1]:g}, held-out loss {trace.held_out[0]:.3f} → {trace.held_out[-1]:.3f}")
     record(hysteresis_demo(base["fp16"], [c == "o" for c in args.overflow_pattern]))
     scheduled = lr_run(base, args.lr_steps, args.inf_steps, device)
     record(scheduled)

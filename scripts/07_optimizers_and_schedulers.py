@@ -16,7 +16,7 @@ from deepspeed.accelerator import get_accelerator
 
 from course_utils.rank.data import random_batch
 from course_utils.rank.models import tiny_mlp
-from course_utils.rank.optimizers import OPTIMIZERS, scheduler_sections
+from course_utils.rank.optimizers import OPTIMIZERS, held_out_loss, scheduler_sections
 from course_utils.common.record import record
 from course_utils.common.records.schedules import LrCurve, OptimizerOutcome
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
@@ -43,16 +43,6 @@ def train(engine, steps: int, device: str) -> list[float]:
         engine.step()
         losses.append(loss.item())
     return losses
-
-
-HELD_OUT_STEP = 10**6                    # a batch index no training run reaches
-
-
-def held_out_loss(engine, device: str) -> float:
-    """The loss on one fixed batch of 256 samples that no training step uses (the same on every rank)."""
-    x, y = random_batch(HELD_OUT_STEP, 0, batch=256)
-    with torch.no_grad():
-        return torch.nn.functional.cross_entropy(engine(x.to(device)), y.to(device)).item()
 
 
 def try_optimizer(base: dict, label: str, steps: int, device: str) -> OptimizerOutcome:

@@ -4,7 +4,9 @@ For each combination (HF or DS optimizer) × (HF or DS scheduler) × (ZeRO-Offlo
 DeepSpeed config loses the sections Hugging Face should provide, a Trainer trains a few steps, and the
 outcome is recorded: "ok" with the optimizer and scheduler classes really used, or the error raised.
 Then the entries of course_utils.rank.trainer.OFFLOAD_VARIANTS (HF optimizer + HF scheduler + offload with one
-argument or config key changed). All combinations run one after another inside this one launch.
+argument or config key changed), and a control: optim="sgd" without offload, where torch's SGD really steps. Every
+run trains the tiny GPT-2 on counting sequences (learnable) with a learning rate that moves it, and records each
+step's loss. All combinations run one after another inside this one launch.
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/07_trainer_matrix.py --deepspeed_config configs/07_trainer_base.json
 """
@@ -21,7 +23,10 @@ from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_config, combo_key, combos, training_arguments
 
 
-def try_combo(base: dict, hf_opt: bool, hf_sched: bool, offload: bool, steps: int, data,
+SGD_CONTROL = "optim=sgd"           # the offload variant's argument, run once more without offload
+
+
+def try_combo(base: dict, hf_opt: bool, hf_sched: bool, offload: bool, steps: int, lr: float, data,
               variant: str | None = None) -> Combo:
     """Train ``steps`` steps with one combination (changed by ``OFFLOAD_VARIANTS[variant]`` if given); the
     previous Trainer's DeepSpeed plugin is forgotten first."""
@@ -31,7 +36,7 @@ def try_combo(base: dict, hf_opt: bool, hf_sched: bool, offload: bool, steps: in
     try:
         config = {**combo_config(base, hf_opt, hf_sched, offload), **extra_config}
         targs = training_arguments(output_dir=scratch_dir(), deepspeed=config,
-                                   per_device_train_batch_size=4, max_steps=steps, learning_rate=1e-3,
+                                   per_device_train_batch_size=4, max_steps=steps, learning_rate=lr,
                                    warmup_steps=1, lr_scheduler_type="linear", logging_steps=1, save_strategy="no",
                                    **extra_args)
         trainer = Trainer(model=tiny_gpt2("trainer"), args=targs, train_dataset=data)
@@ -41,14 +46,16 @@ def try_combo(base: dict, hf_opt: bool, hf_sched: bool, offload: bool, steps: in
         return Combo(key=key, outcome="ok", variant=variant, optimizer_class=type(inner).__name__,
                      adam_w_mode=getattr(inner, "adam_w_mode", None),
                      scheduler_class=type(engine.lr_scheduler or trainer.lr_scheduler).__name__,
-                     train_loss=out.training_loss, world_size=targs.world_size)
+                     train_loss=out.training_loss, world_size=targs.world_size,
+                     losses=[entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
     except Exception as err:
         return Combo(key=key, outcome=type(err).__name__, variant=variant, error=" ".join(str(err).split())[:400])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=4, help="training steps per combination")
+    parser.add_argument("--steps", type=int, default=12, help="training steps per combination")
+    parser.add_argument("--learning_rate", type=float, default=1e-2, help="the Trainer's learning_rate (the peak of both schedules)")
     parser.add_argument("--no_offload", action="store_true",
                         help="skip the ZeRO-Offload half of the matrix and the offload variants")
     return parser
@@ -60,8 +67,9 @@ def main(argv=None) -> None:
     data = counting_dataset()
     runs = [(*c, None) for c in combos((False,) if args.no_offload else (False, True))]
     runs += [] if args.no_offload else [(True, True, True, variant) for variant in OFFLOAD_VARIANTS]
+    runs += [(True, True, False, SGD_CONTROL)]     # torch's SGD really stepping: what optim="sgd" trains like
     for hf_opt, hf_sched, offload, variant in runs:
-        combo = try_combo(base, hf_opt, hf_sched, offload, args.steps, data, variant)
+        combo = try_combo(base, hf_opt, hf_sched, offload, args.steps, args.learning_rate, data, variant)
         record(combo)
         rank0_print(f"{combo.key:28s} {combo}")
     finish()

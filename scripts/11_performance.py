@@ -7,9 +7,10 @@
 2. Activation memory: torch's memory tracker around one forward + backward pass of the ZeRO GPT-2 per sequence
    length and micro-batch, without and with activation checkpointing (transformers' and DeepSpeed's); the step time
    each costs.
-3. One engine with the config's flops profiler, ``wall_clock_breakdown``, comms logger and ``csv_monitor``: every
-   step's forward / backward / step times and collectives, the profiler's FLOPs per module, this rank's matmul
-   peak, and all_reduce timings of several sizes (for an α–β model of the communication).
+3. One engine with the config's flops profiler, ``wall_clock_breakdown``, comms logger and ``csv_monitor``, trained on
+   sequences that count upward (a rule to learn: the loss it logs falls): every step's forward / backward / step
+   times and collectives, the profiler's FLOPs per module, this rank's matmul peak, and all_reduce timings of
+   several sizes (for an α–β model of the communication).
 
 Run from a terminal:  deepspeed --num_gpus 2 scripts/11_performance.py --deepspeed_config configs/11_performance.json
 """
@@ -75,17 +76,14 @@ def run_activations(base: dict, seq_lens: list[int], batches: list[int], hidden:
     model.config.use_cache = False
     vocab = PRESETS["zero_lab"].vocab_size
     points = [(s, b) for s in seq_lens for b in batches] + [hidden]
-    for how in ("off", "hf"):
-        perf.set_checkpointing(model, how)
-        for seq, batch in points:
+    for how in ("off", "hf", "deepspeed"):          # deepspeed.checkpointing at every point but exercise 2's
+        perf.set_checkpointing(model, how, base)
+        for seq, batch in points if how != "deepspeed" else points[:-1]:
             ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seq * 100 + batch))
             m = perf.activation_memory(model, ids.to(device))
             record(Activation(how, seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak))
     seq, batch = time_at or (max(seq_lens), max(batches))
     ids = torch.randint(0, vocab, (batch, seq)).to(device)
-    perf.set_checkpointing(model, "deepspeed", base)
-    m = perf.activation_memory(model, ids)
-    record(Activation("deepspeed", seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak))
     passes = perf.interleaved_passes(model, ids, timed, repeats, base)
     seconds = {how: statistics.median(f + b for f, b in zip(p["forward"], p["backward"])) for how, p in passes.items()}
     record(Recompute(seq, batch, seconds, passes))
@@ -109,10 +107,8 @@ def run_profiled(base: dict, steps: int, seq_len: int, device: str, ar_repeats: 
     model.config.use_cache = False
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     micro, profile_step = engine.train_micro_batch_size_per_gpu(), config["flops_profiler"]["profile_step"]
-    vocab = PRESETS["zero_lab"].vocab_size
     for step in range(steps):
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        ids = torch.randint(0, vocab, (micro, seq_len), generator=g).to(device)
+        ids = perf.counting_batch(step, rank, micro, seq_len).to(device)      # learnable: the logged loss falls
         profiling = engine.global_steps == profile_step and rank == 0
         with comms.logged() as window:
             started = time.perf_counter()
@@ -148,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=4, help="timed passes per checkpointing setting (interleaved)")
     parser.add_argument("--timed", nargs="+", default=["off", "hf", "deepspeed"], help="checkpointing settings to time")
     parser.add_argument("--time_at", type=int, nargs=2, default=None,
-                        help="sequence length and batch of the timed passes and of deepspeed.checkpointing's (default: the largest)")
+                        help="sequence length and batch of the timed passes (default: the largest)")
     parser.add_argument("--steps", type=int, default=6, help="steps of the profiled engine")
     parser.add_argument("--seq_len", type=int, default=64, help="tokens per sample of the profiled engine")
     parser.add_argument("--ar_repeats", type=int, default=5)

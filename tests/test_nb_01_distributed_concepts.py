@@ -48,5 +48,7 @@ def test_notebook_runs_and_records_its_figures():
     times = m["all_reduce_times"]
     assert len(times) >= 4 and all(t["seconds"] > 0 for t in times)
     assert times[-1]["gbytes_per_s"] > times[0]["gbytes_per_s"], "large messages must move more bytes per second"
+    alpha, beta = m["all_reduce_alpha_beta"]
+    assert alpha > 0 and beta > 0, "a latency per call and a cost per byte"
     load = m["all_reduce_timing_load"]      # what else the machine ran while the ranks timed all_reduce
     assert load["wall_s"] > 0 and load["ranks_cpu_s"] > 0 and 0 <= load["others_cores"] <= load["cores"]

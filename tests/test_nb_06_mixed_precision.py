@@ -85,6 +85,15 @@ def test_notebook_runs_and_records_its_figures():
     assert all((clean - 1) % fp16["loss_scale_window"] == 0 and clean > 1 for _, clean in m["doublings"])
     skipped = m["skipped_by_run"]
     assert skipped["static 16777216"] == len(trace) and skipped["static 1024"] == 0
+    # what the skipped steps cost: the held-out loss (a fixed batch no step trains on) falls where steps are applied,
+    # never moves where none is, and the dynamic run at its end is where the static one was after as many updates
+    held, updates = m["held_out_by_run"], m["updates_by_run"]
+    assert set(held["static 16777216"]) == {held["static 16777216"][0]} and updates["static 16777216"] == 0
+    assert held["static 1024"][-1] < 0.85 * held["static 1024"][0], "the data has a rule to learn: the loss falls"
+    assert updates["dynamic"] == len(trace) - m["fp16_skipped_steps"] and updates["static 1024"] == len(trace)
+    assert held["dynamic"][-1] > held["static 1024"][-1], "fewer updates, a higher loss at the end"
+    same = m["held_out_same_updates"]
+    assert same["dynamic"] == pytest.approx(same["static 1024"], rel=0.05)
 
     # consecutive_hysteresis, on one overflow pattern
     demo = m["hysteresis_demo"]

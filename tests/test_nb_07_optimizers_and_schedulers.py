@@ -12,16 +12,18 @@ NAME = "07_optimizers_and_schedulers"
 pytestmark = pytest.mark.notebook
 
 SGD, KEEP_TORCH = (combo_key(True, True, True, v) for v in OFFLOAD_VARIANTS)
+SGD_CONTROL = combo_key(True, True, False, "optim=sgd")      # the same argument without offload: torch's SGD steps
 
 
 def test_notebook_runs_and_records_its_figures():
     m = run_notebook(NAME)
     matrix = {f"{o}_opt+{s}_sched{x}" for o in ("hf", "ds") for s in ("hf", "ds") for x in ("", "+offload")}
     combos = {c.key: c for c in as_records(m["combos"], Combo)}
-    assert set(combos) == matrix | {SGD, KEEP_TORCH}
+    assert set(combos) == matrix | {SGD, KEEP_TORCH, SGD_CONTROL}
     assert all(c.outcome == "ok" for c in combos.values()), {k: c.error for k, c in combos.items()}
     assert m["matrix_world_size"] == [hardware.detect().default_procs], "the Trainer must see every rank"
     assert m["linear_like_hf_max_gap"] <= 1e-9, "exercise 2's section follows HF's linear schedule one step later"
+    assert m["lag_behind_hf"] == 1
     assert m["linear_like_hf_world_size"] == hardware.detect().default_procs
 
     # which optimizer steps: DeepSpeed's config path, and accelerate's swap of an HF optimizer under offload
@@ -32,13 +34,16 @@ def test_notebook_runs_and_records_its_figures():
     assert adamw["hf_opt+hf_sched+offload"] is True, "torch AdamW → DeepSpeedCPUAdam(adamw_mode=True)"
     assert classes[SGD] == "DeepSpeedCPUAdam" and adamw[SGD] is False, "any other optimizer → CPU Adam, L2 mode"
     assert classes[KEEP_TORCH] == "AdamW", "zero_force_ds_cpu_optimizer=false keeps the torch optimizer"
-    # the loss depends on the schedule, not on which Adam stepped (SGD-turned-Adam included)
-    loss = {k: c.train_loss for k, c in combos.items()}
-    sched = {k: c.scheduler_class for k, c in combos.items()}
+    # every run learns; the loss depends on the schedule and on SGD against Adam, not on which Adam stepped
+    assert classes[SGD_CONTROL] == "SGD"
+    assert all(c.losses[-1] < c.losses[0] - 0.5 for k, c in combos.items() if k != SGD_CONTROL), "every Adam learns"
+    loss = {k: c.train_loss for k, c in combos.items() if k != SGD_CONTROL}
+    sched = {k: c.scheduler_class for k, c in combos.items() if k != SGD_CONTROL}
     by_sched = {s: [loss[k] for k in loss if sched[k] == s] for s in set(sched.values())}
     assert set(by_sched) == {"LambdaLR", "WarmupDecayLR"}
     for values in by_sched.values():
         assert values == pytest.approx([values[0]] * len(values), rel=1e-6)
+    assert combos[SGD_CONTROL].train_loss > loss[SGD] + 0.1, "torch's SGD trains unlike the Adam it is swapped for"
     assert abs(by_sched["LambdaLR"][0] - by_sched["WarmupDecayLR"][0]) > 1e-4, "the updates must show in the loss"
 
     outcomes, opt_classes, final = m["optimizer_outcomes"], m["optimizer_classes"], m["optimizer_final_losses"]

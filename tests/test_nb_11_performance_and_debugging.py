@@ -35,7 +35,7 @@ def test_notebook_runs_and_records_its_figures():
         assert act["hf"][point] < off / 3, point
     per_token = {k: v / (int(k.split("x")[0]) * int(k.split("x")[1])) for k, v in act["off"].items()}
     assert max(per_token.values()) / min(per_token.values()) < 1.01, per_token
-    assert act["deepspeed"] and all(v == act["hf"][k] for k, v in act["deepspeed"].items())
+    assert set(act["deepspeed"]) == set(act["hf"]) and all(v == act["hf"][k] for k, v in act["deepspeed"].items())
     assert m["pass_peak_bytes"]["hf"] <= m["pass_peak_bytes"]["off"]     # equal while gradients and logits dominate
     # the timed passes: every setting timed in each interleaved round, their spread shown
     timing = {r["checkpointing"]: r for r in m["recompute_timing"]}
@@ -53,10 +53,13 @@ def test_notebook_runs_and_records_its_figures():
     assert 0.8 * b["clock"] <= b["timers total"] <= 1.01 * b["clock"]
     assert all(b[k] > 0 for k in perf.BREAKDOWN)
     assert m["alpha_s"] > 0 and m["beta_s_per_byte"] > 0
+    # the gradient all-reduce call (from the comms logger's running totals) lies inside the engine's bwd_allreduce timer
+    assert 0 < m["grad_allreduce_call_ms"] < m["bwd_allreduce_ms"]
 
     # 5 · the csv_monitor wrote the loss (the script) and the learning rate (the engine) of every step
     assert {"Train_Samples_train_loss", "Train_Samples_lr", "Train_Samples_elapsed_time_ms_forward"} <= set(m["monitor_series"])
     assert m["monitor_loss_rows"] == m["monitor_lr_rows"] == m["profiled_steps"]
+    assert m["monitor_loss"][-1] < m["monitor_loss"][0] - 1, "the profiled engine learns its counting sequences"
 
     # 6 · the hang: rank 0 waits in all_reduce inside log_metrics, rank 1 is past it, in the end-of-epoch barrier
     stacks = m["hang_stacks"]
@@ -92,3 +95,17 @@ def test_deepspeed_step_factor_reads_the_line_the_pinned_profiler_prints():
         assert perf.deepspeed_step_factor(line) == 3 + recompute_fwd_factor
     with pytest.raises(ValueError, match="wall_clock_breakdown"):
         perf.deepspeed_step_factor("fwd flops per GPU: 3.56 G")
+
+
+def test_per_call_ms_takes_differences_of_the_running_totals():
+    """The comms logger's all_reduce timer adds every call, whatever its size: the gradient call of step 1 is its
+    total minus the total of the call before it (step 0's small one); step 0's first call has no total before it."""
+    from course_utils.common.record import plain
+    from course_utils.common.records.perf import StepTime
+
+    steps = [{"all_reduce": [[1000, [50.0]], [4, [58.0]]]}, {"all_reduce": [[1000, [260.0]], [4, [268.5]]]},
+             {"all_reduce": [[1000, [330.0]], [4, [334.0]]]}]
+    records = [{"name": StepTime.NAME, "rank": 0, "value": plain(StepTime(i, 0.0, {}, comm, 0.0))}
+               for i, comm in enumerate(steps)]
+    assert perf.per_call_ms(records, "all_reduce", 1000) == pytest.approx({1: 202.0, 2: 61.5})
+    assert perf.per_call_ms(records, "all_reduce", 4) == pytest.approx({0: 8.0, 1: 8.5, 2: 4.0})

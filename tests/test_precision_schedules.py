@@ -34,6 +34,16 @@ def test_doublings_count_the_clean_steps_before_each():
     assert precision.doublings(SimpleNamespace(scale=[4, 4], overflow=[False, False])) == []
 
 
+def test_held_out_is_compared_at_the_same_number_of_updates():
+    skipping = SimpleNamespace(overflow=[True, True, False, True, False], held_out=[1.0, 1.0, 0.9, 0.9, 0.8])
+    assert precision.updates_applied(skipping) == [0, 0, 1, 1, 2]
+    assert precision.held_out_after_updates(skipping, 2) == 0.8
+    assert precision.held_out_after_updates(skipping, 1) == 0.9, "the step that applied the update, not a skipped one"
+    row = precision.loss_scaling_summary({"dynamic": SimpleNamespace(scale=[8.0] * 5, **vars(skipping))})["dynamic"]
+    assert (row["skipped"], row["updates applied"], row["first clean step"]) == (3, 2, 2)
+    assert (row["held-out loss after step 0"], row["held-out loss at the end"]) == (1.0, 0.8)
+
+
 def test_communication_table_divides_the_gradient_bytes_by_psi():
     row = EngineDtypes(precision="bf16", module="bfloat16", master="float32", grad="bfloat16", forward="bfloat16",
                        loss_scale=1.0, psi=300, grad_allreduce_bytes=600,
@@ -116,6 +126,16 @@ def test_07_schedule_ends_and_matrix_rows():
     assert [(r["optimizer"], r["scheduler"], r["offload"], r["documented"]) for r in rows] == [
         ("DS", "HF", False, "no"), ("HF", "HF", True, "yes")]
     assert rows[1]["changed"] == "optim=sgd" and rows[1]["adam_w_mode"] is False
+
+
+def test_07_lag_between_a_deepspeed_and_an_hf_curve():
+    from course_utils.kernel.views import schedules
+
+    hf = [0.0, 0.5, 1.0, 0.75, 0.5, 0.25]
+    late = [0.0] + hf[:-1]                          # the same curve one step later
+    assert schedules.lag_gap(late, hf, 1) == 0 and schedules.lag_gap(late, hf, 0) == 0.5
+    assert schedules.lags_that_fit(late, hf) == [1]
+    assert schedules.lags_that_fit([0.0, 0.0, 0.25, 0.5, 0.75, 1.0], hf) == [], "another shape fits at no lag"
 
 
 def test_07_optimizer_and_scheduler_sections():

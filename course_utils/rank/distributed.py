@@ -188,26 +188,47 @@ def zero_step_collectives(stage: int, device: str) -> list[ZeroCollectives]:
     return rows
 
 
+BURST_BYTES = 2 ** 22     # a timed burst of back-to-back all_reduces moves about this many bytes (at most BURST_CALLS calls)
+BURST_CALLS = 32
+WARMUP_CALLS = 3
+
+
 def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[AllReduceTime]:
-    """Median seconds of ``all_reduce(SUM)`` on float32 tensors of each size (elements), after one
-    warm-up call; each timed call ends with a barrier-free sync on the result (``.cpu()``)."""
+    """Median seconds of one ``all_reduce(SUM)`` on float32 tensors of each size (elements), measured so that a
+    busy machine distorts it as little as it can:
+
+    - ``WARMUP_CALLS`` untimed calls per size first (a process's first collectives pay for connections, buffers and
+      cold caches: on 2 shared cores the very first size measured came out several times slower than the next);
+    - ``repeats`` rounds that visit every size in turn, so that a slow moment of the machine falls on every size
+      alike, not on one point of the curve;
+    - each sample a burst of back-to-back calls (up to ``BURST_CALLS``, about ``BURST_BYTES`` in all) after a
+      barrier, divided by its length: one call of a small message is shorter than a time slice of the scheduler,
+      and a single timed call mostly measures when the other rank got its core back;
+    - the burst ends with a sync on the result (``.cpu()``), for devices whose collectives return early.
+
+    The median of the rounds is kept."""
     import statistics
 
     import torch
     import torch.distributed as dist
 
-    rows = []
-    for n in sizes:
-        t = torch.ones(n, dtype=torch.float32, device=device)
-        dist.all_reduce(t)
-        times = []
-        for _ in range(repeats):
+    tensors = {n: torch.zeros(n, dtype=torch.float32, device=device) for n in sizes}   # zeros: sums stay finite
+    calls = {n: max(1, min(BURST_CALLS, BURST_BYTES // (4 * n))) for n in sizes}
+    for t in tensors.values():
+        for _ in range(WARMUP_CALLS):
+            dist.all_reduce(t)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, t in tensors.items():
             dist.barrier()
             started = time.perf_counter()
-            dist.all_reduce(t)
+            for _ in range(calls[n]):
+                dist.all_reduce(t)
             t[:1].cpu()
-            times.append(time.perf_counter() - started)
-        seconds = statistics.median(times)
+            samples[n].append((time.perf_counter() - started) / calls[n])
+    rows = []
+    for n in sizes:
+        seconds = statistics.median(samples[n])
         rows.append(AllReduceTime(elements=n, bytes=4 * n, seconds=seconds, gbytes_per_s=4 * n / seconds / 1e9))
     return rows
 

@@ -64,3 +64,20 @@ def scheduler_sections(steps: int, warmup: int, lr: float = LR) -> dict[str, dic
             "warmup_min_ratio": 0.0, "warmup_num_steps": warmup, "total_num_steps": end, "cos_min_ratio": 0.1,
             "warmup_type": "linear"}},
     }
+
+
+HELD_OUT_STEP = 10**6          # a batch index of data.random_batch that no training run reaches
+
+
+def held_out_loss(model, device: str, dtype=None) -> float:
+    """The loss of ``model`` (a ``models.tiny_mlp``, or an engine around one; its inputs cast to ``dtype`` if given)
+    on one fixed batch of 256 samples that no training step uses, the same on every rank. A step's own loss goes up
+    and down with its batch; this one shows what the updates so far achieved (notebooks 06 and 07)."""
+    import torch
+
+    from course_utils.rank.data import random_batch
+
+    x, y = random_batch(HELD_OUT_STEP, 0, batch=256)
+    with torch.no_grad():
+        out = model(x.to(device=device, dtype=dtype or x.dtype))
+        return torch.nn.functional.cross_entropy(out.float(), y.to(device)).item()

@@ -2,6 +2,7 @@
 
 - :func:`micro_batches`: one optimizer step's samples, cut into micro-batches, so that any micro-batch ×
   accumulation × ranks split of the same effective batch trains on the same samples.
+- :func:`counting_batch`: the profiled engine's batches: sequences with a rule to learn, so its loss falls.
 - :func:`accumulate`: the loop DeepSpeed expects under gradient accumulation (the reference for exercise 1).
 - :func:`activation_memory`: the bytes a forward and backward pass hold, by torch's own memory tracker
   (``torch.distributed._tools.mem_tracker.MemTracker``), with or without activation checkpointing.
@@ -25,6 +26,18 @@ def micro_batches(step: int, rank: int, world_size: int, micro: int, gas: int) -
     batch = global_batch(step, micro * gas * world_size)
     share = batch[rank * micro * gas:(rank + 1) * micro * gas]
     return [share[i * micro:(i + 1) * micro] for i in range(gas)]
+
+
+def counting_batch(step: int, rank: int, micro: int, seq_len: int, vocab: int = 64):
+    """``micro`` sequences of ``seq_len`` token ids that count upward by one from a random start, modulo ``vocab``
+    (the first 64 of ``zero_lab``'s 8192 tokens): after token t always comes t + 1, a rule the model can learn, so
+    the loss the monitor logs falls for that reason (random tokens would leave nothing to learn). Different per step
+    and rank, the same in every run."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    starts = torch.randint(0, vocab, (micro, 1), generator=g)
+    return (starts + torch.arange(seq_len)) % vocab
 
 
 def accumulate(engine, micro_batches: list) -> list[float]:

@@ -41,7 +41,8 @@ class Trace(Record, name="trace"):
     scale: list = field(default_factory=list)       # the loss scale each step used
     overflow: list = field(default_factory=list)    # whether the step overflowed (and was skipped)
     lr: list = field(default_factory=list)          # the learning rate after the step
-    loss: list = field(default_factory=list)
+    loss: list = field(default_factory=list)       # rank 0's loss on its own batch of the step (noisy: the batch changes)
+    held_out: list = field(default_factory=list)   # after the step, the loss on a fixed batch no step trains on
     dtypes: dict = field(default_factory=dict)      # module / master / grad dtypes at the end
     engine_skipped_steps: int | None = None         # the fp16 engine's own count (GPU only)
 

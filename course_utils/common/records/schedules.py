@@ -39,6 +39,7 @@ class Combo(Record, name="combo"):
     optimizer_class: str | None = None    # the optimizer that steps (inside the ZeRO optimizer)
     adam_w_mode: bool | None = None       # DeepSpeed's Adam classes: decoupled weight decay or not
     scheduler_class: str | None = None
-    train_loss: float | None = None
+    train_loss: float | None = None       # the Trainer's training_loss: the mean of the steps' losses
+    losses: list | None = None            # each step's loss, as the Trainer logged it (logging_steps=1)
     world_size: int | None = None
     error: str | None = None

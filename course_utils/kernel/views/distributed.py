@@ -3,6 +3,7 @@ parallelism families, the ring all-reduce step by step, all_reduce timing, a lau
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Callable
 
 from course_utils.kernel.launch.commands import ENV_FILE
@@ -122,6 +123,17 @@ def plot_all_reduce_times(rows: list[AllReduceTime], world_size: int, backend: s
     return fig
 
 
+def fit_alpha_beta(rows: list[AllReduceTime]) -> tuple[float, float]:
+    """Fit seconds = α + β · bytes to all_reduce timings: α the latency per call (s), β the seconds per byte. Least
+    squares on relative errors (weights 1/seconds), so that the small messages, which decide α, count as much as the
+    large ones. Below α/β bytes a call costs mostly its latency, above mostly its bytes."""
+    import numpy as np
+
+    seconds = np.array([r.seconds for r in rows])
+    beta, alpha = np.polyfit([r.bytes for r in rows], seconds, 1, w=1 / seconds)
+    return float(alpha), float(beta)
+
+
 def timing_load(records: list[dict]) -> dict:
     """What else the machine ran while the ranks timed all_reduce (the ``timing_load`` records of
     scripts/01_collectives.py): CPU seconds of the ranks, of every other process, and the cores those took."""
@@ -140,6 +152,25 @@ def zero_collectives_table(records: list[dict], rank: int = 0):
 
     rows = [{"stage": r.stage, "phase": r.phase, **r.calls} for r in read_as(records, ZeroCollectives, rank)]
     return pd.DataFrame(rows).set_index(["stage", "phase"]).fillna(0).astype(int)
+
+
+def show_collective_calls() -> None:
+    """Print the lines of :func:`course_utils.rank.distributed.run_collectives` that call a collective, numbered as in
+    its file: what the ranks ran for section 5's tables, quoted from the function they import, not copied."""
+    import inspect
+
+    from course_utils.common import paths
+    from course_utils.rank import distributed
+
+    lines, first = inspect.getsourcelines(distributed.run_collectives)
+    print(f"{paths.relative(Path(inspect.getsourcefile(distributed.run_collectives)))}, run_collectives:")
+    previous = None
+    for number, line in enumerate(lines, first):
+        if "dist." in line or "reduce_scatter(t)" in line:
+            if previous is not None and number != previous + 1:
+                print("        ⋮")
+            print(f"  {number:5d} | {line.rstrip()}")
+            previous = number
 
 
 def contributors(value: float | None, world_size: int) -> list[int] | None:

@@ -152,17 +152,28 @@ def comm_rows(records: list[dict]) -> list[dict[str, Any]]:
 
 
 def fit_alpha_beta(records: list[dict]) -> tuple[float, float]:
-    """Fit seconds = α + β · bytes to rank 0's all_reduce timings (the measurement of notebook 01, repeated in
-    this launch): α the latency per call, β the seconds per byte. Least squares on relative errors (weights
-    1/seconds), so that the small messages, which decide α, count as much as the large ones."""
-    import numpy as np
-
+    """α (the latency per call, s) and β (s per byte) of rank 0's all_reduce timings (the measurement of notebook 01,
+    repeated in this launch), fitted as notebook 01 fits them (:func:`course_utils.kernel.views.distributed.fit_alpha_beta`)."""
     from course_utils.common.records.collectives import AllReduceTime
+    from course_utils.kernel.views.distributed import fit_alpha_beta as fit
 
-    rows = read_as(records, AllReduceTime)
-    seconds = np.array([r.seconds for r in rows])
-    beta, alpha = np.polyfit([r.bytes for r in rows], seconds, 1, w=1 / seconds)
-    return float(alpha), float(beta)
+    return fit(read_as(records, AllReduceTime))
+
+
+def per_call_ms(records: list[dict], op: str, nbytes: int) -> dict[int, float]:
+    """Training step → ms of rank 0's call of ``op`` with ``nbytes`` message bytes in that step, taken from the comms
+    logger's running totals (the column of :func:`comm_rows`): every call of ``op``, whatever its size, adds to one timer, so sorted
+    they are the calls in order, and each call's own time is its total minus the total before it. The first call has
+    no total before it (its total also holds the calls made before the first logged step) and is left out."""
+    calls = sorted((ms, s.step, size) for s in read_as(records, StepTime) for size, logged in s.comm.get(op, [])
+                   for ms in logged)
+    return {step: ms - before for (before, _, _), (ms, step, size) in zip(calls, calls[1:]) if size == nbytes}
+
+
+def median_call_ms(records: list[dict], op: str, nbytes: int) -> float:
+    """The median of :func:`per_call_ms` over the steps :func:`step_breakdown` takes (after the profiled one)."""
+    profiled = read_as(records, FlopsProfile)[0].profile_step
+    return statistics.median(ms for step, ms in per_call_ms(records, op, nbytes).items() if step > profiled)
 
 
 def all_reduce_rows(records: list[dict]) -> list[dict[str, float]]:

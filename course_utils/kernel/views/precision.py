@@ -123,6 +123,48 @@ def plot_scale_traces(traces: dict[str, Any], title: str = "loss scale per step"
     return fig
 
 
+def updates_applied(trace: Any) -> list[int]:
+    """After each step of a ``Trace``, how many steps so far were applied (not skipped for an overflow)."""
+    out, applied = [], 0
+    for overflow in trace.overflow:
+        applied += not overflow
+        out.append(applied)
+    return out
+
+
+def held_out_after_updates(trace: Any, updates: int) -> float:
+    """A run's held-out loss right after the step that applied its ``updates``-th update (``updates`` ≥ 1): the
+    point to compare two runs at when one of them skipped steps."""
+    return trace.held_out[updates_applied(trace).index(updates)]
+
+
+def loss_scaling_summary(traces: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per loss-scaling run: steps, skipped, updates applied, first clean step, final scale, and the held-out loss
+    before the first step and after the last (a fixed batch no step trains on: the step losses go up and down with
+    each step's batch)."""
+    return {label: {"steps": len(t.overflow), "skipped": sum(t.overflow), "updates applied": updates_applied(t)[-1],
+                    "first clean step": next((i for i, o in enumerate(t.overflow) if not o), None),
+                    "final scale": t.scale[-1], "held-out loss after step 0": t.held_out[0],
+                    "held-out loss at the end": t.held_out[-1]}
+            for label, t in traces.items()}
+
+
+def plot_held_out(traces: dict[str, Any]):
+    """The held-out loss of each loss-scaling run against the step, and against the updates applied so far: a run
+    that skipped steps is behind by exactly those steps when its curve lies on the others' in the second panel."""
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_update) = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    for label, t in traces.items():
+        by_step.plot(range(len(t.held_out)), t.held_out, label=label)
+        by_update.plot(updates_applied(t), t.held_out, ".-", ms=3, label=label)
+    by_step.set(xlabel="step", ylabel="held-out loss", title="held-out loss per step")
+    by_update.set(xlabel="updates applied so far", title="the same losses against the updates applied")
+    by_step.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def plot_engine_lr(run: Any):
     """The engine's learning rate after each step of the scheduler run (``EngineLr``); skipped steps marked ×."""
     import matplotlib.pyplot as plt

@@ -35,6 +35,18 @@ def mapping_diffs(ds_curves: dict[str, list[float]], hf_curves: dict[str, list[f
             for ds in names}
 
 
+def lag_gap(ds: list[float], hf: list[float], lag: int) -> float:
+    """max |DS(s) − HF(s − lag)| over the steps both curves have: how far a DeepSpeed learning-rate curve is from an
+    HF one moved ``lag`` steps later (exercise 2)."""
+    return max(abs(ds[s] - hf[s - lag]) for s in range(max(lag, 0), min(len(ds), len(hf) + lag)))
+
+
+def lags_that_fit(ds: list[float], hf: list[float], tol: float = 1e-9, lags: range = range(4)) -> list[int]:
+    """The lags (in steps) at which the DeepSpeed curve follows the HF one within ``tol``: none when the shapes
+    differ, whatever the lag."""
+    return [lag for lag in lags if lag_gap(ds, hf, lag) <= tol]
+
+
 def plot_lr_curves(curves: dict[str, list[float]], ax: Any = None, title: str = "", **style: Any):
     """Learning rate per step, one line per curve."""
     import matplotlib.pyplot as plt
@@ -54,8 +66,8 @@ def read_matrix(records: list[dict]) -> dict[str, Combo]:
 
 
 def matrix_table(matrix: dict[str, Combo]) -> list[dict[str, Any]]:
-    """Rows (optimizer, scheduler, offload, variant, outcome, optimizer class, adam_w_mode, scheduler class, loss,
-    the documented table's answer, error message) for display."""
+    """Rows (optimizer, scheduler, offload, variant, outcome, optimizer class, adam_w_mode, scheduler class, mean
+    loss, the first and last step's loss, the documented table's answer, error message) for display."""
     rows = []
     for key, c in matrix.items():
         opt, sched = matrix_cell(key).split("+")
@@ -63,6 +75,7 @@ def matrix_table(matrix: dict[str, Combo]) -> list[dict[str, Any]]:
                      "offload": "+offload" in key, "changed": c.variant or "", "outcome": c.outcome,
                      "optimizer class": c.optimizer_class, "adam_w_mode": c.adam_w_mode,
                      "scheduler class": c.scheduler_class, "train loss": c.train_loss,
+                     "loss, first → last step": f"{c.losses[0]:.3f} → {c.losses[-1]:.3f}" if c.losses else "",
                      "documented": DOCUMENTED_TABLE[matrix_cell(key)], "error": (c.error or "")[:160]})
     return rows
 
