@@ -50,7 +50,7 @@ def host_side_storages(engine) -> set[int]:
     partitions, their gradients and the optimizer's state (stage_1_and_2.py: ``cpu_offload`` → ``self.device =
     'cpu'``, with the buffers it allocates there; stage3.py: ``offload_optimizer`` → ``subgroup_to_device[i] =
     'cpu'``, ``grad_partitions_flat_buffer`` on ``self.device``); with ``offload_param`` every parameter's shard
-    (``ds_tensor``)."""
+    (``ds_tensor``); with NVMe offload the swappers' page-locked staging buffers."""
     opt = engine.optimizer
     found = []
     to_host = getattr(opt, "subgroup_to_device", {})
@@ -65,21 +65,27 @@ def host_side_storages(engine) -> set[int]:
         found += [tuple(state.values()) for state in opt.optimizer.state.values()]
     if getattr(opt, "offload_param", False):
         found += [(getattr(p, "ds_tensor", None),) for p in engine.module.parameters()]
+    params, manager = swappers(engine)                 # NVMe: the swappers' page-locked buffers are host memory
+    found.append(((params.buffers,) if params is not None else ()) + tuple(manager.all_buffers if manager else ()))
     return {t.untyped_storage().data_ptr() for group in found for t in group
             if isinstance(t, torch.Tensor) and t.numel()}
+
+
+def swappers(engine) -> tuple:
+    """NVMe offload: (the parameters' swapper, the optimizer swapper's buffer manager), None where the engine has none."""
+    params = next((p.nvme_swapper for p in engine.module.parameters() if getattr(p, "nvme_swapper", None)), None)
+    return params, getattr(getattr(engine.optimizer, "optimizer_swapper", None), "swap_buffer_manager", None)
 
 
 def swap_buffers(engine) -> dict | None:
     """NVMe offload: the page-locked host buffers DeepSpeed's swappers stage every read and write through,
     sized by the config, not the model (swap_tensor/partitioned_param_swapper.py: ``buffer_count`` ×
     ``buffer_size`` elements; optimizer_utils.py: ``buffer_count`` × the largest swapped tensor)."""
-    params = next((p.nvme_swapper for p in engine.module.parameters() if getattr(p, "nvme_swapper", None)), None)
-    optimizer = getattr(engine.optimizer, "optimizer_swapper", None)
+    params, manager = swappers(engine)
     out = {}
     if params is not None:
         out["parameter swapper"] = {"buffers": params.param_buffer_count, "elements": params.aligned_elements_per_buffer,
                                     "bytes": params.buffers.numel() * params.buffers.element_size()}
-    manager = getattr(optimizer, "swap_buffer_manager", None)
     if manager is not None:
         out["optimizer swapper"] = {"buffers": manager.count, "elements": manager.num_elems,
                                     "bytes": sum(b.numel() * b.element_size() for b in manager.all_buffers)}
@@ -186,9 +192,13 @@ def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimi
                      swap_dir=swap_dir, phases={k: statistics.median(v) for k, v in phases.items()},
                      swap_buffers=swap_buffers(engine), locked=locked_bytes())
     record(rung)
+    buffers = {side: sum(h.bytes for h in held if h.state == "buffers" and h.structure != "module buffer"
+                         and h.side == side) / 2**20
+               for side in ("accelerator", "host")}
     rank0_print(f"{name:28s} {rung.step_seconds:6.3f} s/step  model states: accelerator side "
                 f"{rung.accelerator_side_bytes / 2**20:6.1f} MiB, host side {rung.host_side_bytes / 2**20:6.1f} MiB, "
-                f"NVMe files {rung.nvme_bytes / 2**20:6.1f} MiB")
+                f"NVMe files {rung.nvme_bytes / 2**20:6.1f} MiB; DeepSpeed buffers: accelerator side "
+                f"{buffers['accelerator']:6.1f} MiB, host side {buffers['host']:6.1f} MiB")
     release(engine)
 
 

@@ -8,7 +8,8 @@ Modes (one launch each):
           stage3_gather_16bit_weights_on_model_save off; --trainer_save also has the HF Trainer save a
           ZeRO-3 model with that option on and off (<out>/trainer/gather_on, gather_off).
   train   train to --steps, saving a checkpoint at each --save_at step; --load resumes from a
-          checkpoint first (--universal: from a universal checkpoint, on any number of ranks).
+          checkpoint first (--universal: from a universal checkpoint, on any number of ranks), with
+          resume() from the file --resume_file names (notebook 09's exercise) or, without one, course_resume.
           Records the loss of every step, and the logits of a fixed batch at the end.
 
 Run from a terminal:
@@ -29,7 +30,7 @@ from course_utils.rank.data import fixed_batch, global_batch, rank_slice
 from course_utils.rank.models import tiny_gpt2
 from course_utils.common.record import record
 from course_utils.common.records.checkpoints import Saved
-from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
+from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 
 def engine_config(base: dict, stage: int, universal: bool = False, dtype: str = "fp32", **zero_options) -> dict:
@@ -154,16 +155,32 @@ def trainer_saves(out: Path) -> None:
     unset_hf_deepspeed_config()
 
 
+def course_resume(engine, folder: str, tag: str | None) -> int:
+    """Load checkpoint ``tag`` of ``folder`` into ``engine`` on every rank (weights, optimizer partitions, scheduler,
+    DeepSpeed's step counters) and return the first step still to train: the data position, which DeepSpeed does
+    not keep itself, stored by this script in ``client_state`` when it saved. ``load_checkpoint`` finding nothing
+    returns ``(None, None)`` with a warning only: a resume that would silently start again from scratch is an error."""
+    path, client_state = engine.load_checkpoint(folder, tag=tag)
+    if path is None:
+        raise FileNotFoundError(f"No checkpoint {tag or '(latest)'} in {folder}")
+    return client_state["step"]
+
+
 def train(args, base: dict, out: Path, device: str) -> None:
     """Train to --steps (resuming from --load first), saving at --save_at; record losses and final logits."""
     engine = engine_for(engine_config(base, base["zero_optimization"]["stage"], args.universal))
+    resume, whose = course_resume, "course"
+    if args.resume_file:                 # the learner's resume(engine, folder, tag), exported from the notebook
+        resume, whose = load_exercise(args.resume_file, ["resume"])["resume"], "yours"
     first = 0
     if args.load:
-        path, client_state = engine.load_checkpoint(args.load, tag=args.tag)
-        if path is None:
-            raise FileNotFoundError(f"No checkpoint found in {args.load}")
-        first = client_state["step"] if client_state else engine.global_steps
-        rank0_print(f"resumed from {path} at step {first} on {dist.get_world_size()} ranks (client_state={client_state})")
+        first = resume(engine, args.load, args.tag)
+        if not isinstance(first, int):
+            raise TypeError(f"{whose} resume() returned a {type(first).__name__}: it must return the first step to train, "
+                            f"an int")
+        rank0_print(f"{whose} resume(): continue at step {first} on {dist.get_world_size()} ranks; "
+                    f"engine.global_steps {engine.global_steps}, lr {engine.get_lr()[0]:.2e}")
+        record("resumed_by", whose)
         record("resumed_at", first)
         record("global_steps_after_load", engine.global_steps)     # DeepSpeed's own counter, restored from the checkpoint
     for step in range(first, args.steps):
@@ -189,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", default=None, help="checkpoint folder to resume from")
     parser.add_argument("--tag", default=None, help="which checkpoint of --load (default: the one named in `latest`)")
     parser.add_argument("--universal", action="store_true", help="--load names a universal checkpoint")
+    parser.add_argument("--resume_file", default=None,
+                        help="a file defining resume(engine, folder, tag) -> first step, used instead of course_resume")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
                         help="layout: the precisions to save checkpoints in")
     parser.add_argument("--trainer_save", action="store_true",

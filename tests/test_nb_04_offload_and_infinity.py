@@ -7,6 +7,8 @@ from course_utils.common import zero_rules
 from course_utils.common.record import as_records
 from course_utils.common.records.offload import Rung
 from course_utils.common.zero_rules import LADDER
+from course_utils.kernel.configs import load as load_config
+from course_utils.kernel.views.offload import buffer_bytes
 
 NAME = "04_offload_and_infinity"
 pytestmark = pytest.mark.notebook
@@ -52,6 +54,11 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert [(o["rung"], o["lower"]) for o in m["offload_lowers"]] == [
         ("stage 2 + offload", True), ("stage 3 + offload", True), ("stage 3 + NVMe", True)]
     assert all(r.host_side_bytes == 0 for n, r in ladder.items() if "offload" not in n)
+    # DeepSpeed's buffers after backward: stage 3 keeps its reduce bucket on the accelerator side, offload or not
+    # (stage3.py, "# IPG"); stages 1-2 have freed theirs (stage_1_and_2.py, _release_ipg_buffers)
+    bucket = load_config("zero3.json")[0]["zero_optimization"]["reduce_bucket_size"] * (4 if ladder["stage 3"].dtype == "fp32" else 2)
+    assert buffer_bytes(ladder["stage 3"]) == buffer_bytes(ladder["stage 3 + offload"]) == bucket
+    assert all(buffer_bytes(ladder[n]) == 0 for n in ("stage 0", "stage 1", "stage 2"))
     if m["ranks"] >= 2:   # the measured order is the formula's; the documented one only from the ranks it needs
         assert m["memory_order_as_formula"] is True
         assert m["memory_order_as_documented"] is (m["ranks"] >= m["formula_crossing_ranks"])
@@ -59,6 +66,7 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert m["nvme_swap_files"] >= 2 and nvme.nvme_bytes > 0
     staging = sum(b["bytes"] for b in nvme.swap_buffers.values())
     assert staging > 0 and nvme.locked_bytes >= staging, "the swappers' buffers are page-locked host memory"
+    assert buffer_bytes(nvme, "host") > 0 and buffer_bytes(nvme) == bucket, "swap buffers on the host side, the bucket beside"
     assert m["client_optimizer_refused"] is True
     assert set(m["optimizer_kernel_seconds"]) == {"DeepSpeedCPUAdam", "AdamW"}
     knobs = {r.name: r for r in as_records(m["knobs"], Rung)}

@@ -16,6 +16,7 @@ def test_notebook_runs_and_records_its_figures():
     assert m["resume_max_abs_loss_diff"] <= 1e-6, "a resumed fp32 run must repeat the uninterrupted losses"
     # SMOKE: STEPS = 4. client_state (the script's) and global_steps (DeepSpeed's counter) both come back from the file
     assert m["resumed_at"] == m["global_steps_after_load"] == 4
+    assert m["resumed_by"] == "yours", "exercise 2 (solution copy): launch B runs the notebook's resume()"
     assert m["loss_last"] < m["loss_first"], "the model must learn during the 2 × STEPS steps"
     assert m["weights_moved_in_layout"] > 1e-4, "the layout checkpoints must hold trained weights, not the initial ones"
     assert m["fp32_export_max_abs_diff"] <= 1e-7, "zero_to_fp32 must rebuild the live fp32 weights"

@@ -36,6 +36,14 @@ def by_state_and_side(row: Rung) -> dict[str, dict[str, int]]:
     return _by_state(row, "side")
 
 
+def buffer_bytes(row: Rung, side: str = "accelerator") -> int:
+    """Bytes of the buffers DeepSpeed itself allocated (not model states, not the module's own buffers) that the walk
+    found on ``side``, held after backward: stage 3's reduce bucket (``ipg_buckets``, ``reduce_bucket_size``
+    elements kept for the whole run), the offload staging buffers, the NVMe swappers' page-locked buffers. Stages 1-2
+    free their buckets when backward ends, so their rows hold none (notebook 05 measures them during backward)."""
+    return sum(h.bytes for h in row.held if h.state == "buffers" and h.structure != "module buffer" and h.side == side)
+
+
 def _by_state(row: Rung, key: str) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {s: {} for s in MODEL_STATES}
     for h in row.held:
@@ -46,14 +54,16 @@ def _by_state(row: Rung, key: str) -> dict[str, dict[str, int]]:
 
 
 def ladder_table(rows: list[Rung]):
-    """Per rung: seconds per step and its phases, and the model states by where DeepSpeed put them (MiB)."""
+    """Per rung: seconds per step and its phases, the model states by where DeepSpeed put them, and DeepSpeed's own
+    buffers held after backward (:func:`buffer_bytes`) by side (MiB)."""
     import pandas as pd
 
     MiB = 2**20
     return pd.DataFrame([{"rung": r.name, "s/step": r.step_seconds,
                           **{f"{k} (s)": v for k, v in (r.phases or {}).items()},
-                          "accelerator side (MiB)": r.accelerator_side_bytes / MiB,
-                          "host side (MiB)": r.host_side_bytes / MiB, "NVMe files (MiB)": r.nvme_bytes / MiB,
+                          "model states, accelerator side (MiB)": r.accelerator_side_bytes / MiB,
+                          "model states, host side (MiB)": r.host_side_bytes / MiB, "NVMe files (MiB)": r.nvme_bytes / MiB,
+                          **{f"DeepSpeed buffers, {side} side (MiB)": buffer_bytes(r, side) / MiB for side in SIDES},
                           "optimizer": r.optimizer} for r in rows]).set_index("rung").round(3)
 
 
@@ -101,8 +111,9 @@ def falls_along(rows: list[Rung]) -> list[tuple[str, str, str, bool]]:
 
 
 def plot_ladder(rows: list[Rung]):
-    """Seconds per step split into its phases, and the model-state bytes per rank by where DeepSpeed put them
-    (accelerator side, host side, NVMe files) along the ladder."""
+    """Seconds per step split into its phases, and the bytes per rank after backward by where DeepSpeed put them
+    along the ladder: model states on the accelerator side, DeepSpeed's own buffers there (:func:`buffer_bytes`),
+    model states on the host side and in NVMe files."""
     import matplotlib.pyplot as plt
 
     names = [r.name for r in rows]
@@ -116,13 +127,15 @@ def plot_ladder(rows: list[Rung]):
     a.set_title("seconds per step (median), by phase")
     a.legend(fontsize=7)
     bottom = [0.0] * len(rows)
-    for key, label, style in (("accelerator_side_bytes", "accelerator side", dict(color="#4C72B0")),
-                              ("host_side_bytes", "host side", dict(color="#55A868", hatch="///")),
-                              ("nvme_bytes", "NVMe files", dict(color="#8172B2", hatch="..."))):
-        vals = [getattr(r, key) / 2**20 for r in rows]
+    layers = (("model states, accelerator side", lambda r: r.accelerator_side_bytes, dict(color="#4C72B0")),
+              ("DeepSpeed buffers, accelerator side", buffer_bytes, dict(color="#C44E52", hatch="xx")),
+              ("model states, host side", lambda r: r.host_side_bytes, dict(color="#55A868", hatch="///")),
+              ("model states, NVMe files", lambda r: r.nvme_bytes, dict(color="#8172B2", hatch="...")))
+    for label, measured, style in layers:
+        vals = [measured(r) / 2**20 for r in rows]
         b.bar(x, vals, bottom=bottom, edgecolor="white", label=label, **style)
         bottom = [p + v for p, v in zip(bottom, vals)]
-    b.set_title("model states per rank (MiB), by where DeepSpeed put them", fontsize=9)
+    b.set_title("per rank after backward (MiB), by where DeepSpeed put it", fontsize=9)
     b.legend(fontsize=7)
     for ax in (a, b):
         ax.set_xticks(list(x), names, rotation=35, ha="right", fontsize=8)
