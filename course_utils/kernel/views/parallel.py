@@ -10,7 +10,7 @@ from course_utils.common.record import read_as
 from course_utils.common.records.parallel import Bubble, Gathers, StageBytes, StageStream, TensorParallel, Ulysses
 from course_utils.rank import parallel as pp
 
-from course_utils.kernel.views.source import show_source  # noqa: F401  (the notebook quotes DeepSpeed's pipeline engine with it)
+from course_utils.kernel.views.source import show_script, show_source  # noqa: F401  (the notebook quotes DeepSpeed and the code its ranks run)
 
 
 def schedule_table(m: int, p: int) -> list[dict]:

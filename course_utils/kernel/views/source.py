@@ -36,8 +36,10 @@ def show_script(script: str, *anchors: str, after: int = 0) -> None:
     """Print the lines of ``scripts/<script>`` that hold each of ``anchors`` (plus ``after`` lines each), numbered, in
     file order, "⋮" between lines that are not adjacent: the DeepSpeed calls of the script the ranks just ran, quoted
     from the file itself, e.g. ``show_script("02_train.py", "deepspeed.initialize(", "engine.backward(", "engine.step(")``.
-    An anchor the file does not hold is an error (the page must not quote code that no longer runs)."""
-    path = paths.SCRIPTS / script
+    An anchor the file does not hold is an error (the page must not quote code that no longer runs). A ``script`` with
+    a ``/`` is a path from the repository's root: the course's own rank-side code a script calls
+    (``show_script("course_utils/rank/parallel.py", "deepspeed.initialize(")``)."""
+    path = paths.ROOT / script if "/" in script else paths.SCRIPTS / script
     lines = path.read_text().splitlines()
     shown: set[int] = set()
     for anchor in anchors:
