@@ -162,7 +162,7 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
 def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) -> tuple[int, list[str]]:
     """Execute the student copy of ``name`` through to the end (errors allowed).
 
-    Returns the number of exercises (solution blocks) and the error names the cells raised, in order.
+    Returns the number of exercises (cells with a solution; a cell may hold several blocks) and the error names the cells raised, in order.
     """
     from nbclient import NotebookClient
     from papermill.iorw import load_notebook_node
@@ -171,7 +171,7 @@ def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) ->
     from course_utils.tooling.student import BEGIN, student_copy
 
     source = paths.NOTEBOOKS / f"{name}.ipynb"
-    exercises = sum(c.source.count(BEGIN) for c in nbformat.read(str(source), as_version=4).cells)
+    exercises = sum(BEGIN in c.source for c in nbformat.read(str(source), as_version=4).cells)   # one check per exercise cell
     copy = student_copy(source, tmp_path)
     nb = parameterize_notebook(load_notebook_node(str(copy)), {**SMOKE, **(parameters or {})})
     NotebookClient(nb, timeout=CELL_TIMEOUT, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
