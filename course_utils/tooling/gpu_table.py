@@ -18,6 +18,7 @@ import nbformat
 
 from course_utils.common import devices, paths
 from course_utils.kernel import hardware
+from course_utils.tooling.nbtools import opening_box_drift
 
 MACHINES = (1, 2, 8)
 BOX_PREFIX = "> **On GPUs**"
@@ -159,13 +160,4 @@ def with_box_line(source: str, line: str) -> str:
 
 def box_drift(notebooks: Path = paths.NOTEBOOKS, write: bool = False) -> list[str]:
     """The notebooks whose opening box lacks the right "On GPUs" line (rewritten with ``write``)."""
-    out = []
-    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
-        nb = nbformat.read(str(path), as_version=4)
-        new = with_box_line(nb.cells[0].source, box_line(path))
-        if new != nb.cells[0].source:
-            out.append(path.stem)
-            if write:
-                nb.cells[0].source = new
-                nbformat.write(nb, str(path))
-    return out
+    return opening_box_drift(box_line, with_box_line, notebooks, write)

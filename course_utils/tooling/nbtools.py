@@ -89,3 +89,18 @@ def cut_table_cells(nb: nbformat.NotebookNode) -> list[str]:
             html = output.get("data", {}).get("text/html", "")
             found += [f"cell {index}: {m.group(0)[:120]}" for m in CUT_CELL.finditer(html if isinstance(html, str) else "".join(html))]
     return found
+
+
+def opening_box_drift(line_for, with_line, notebooks: Path = NOTEBOOKS, write: bool = False) -> list[str]:
+    """The notebooks whose opening cell differs from ``with_line(source, line_for(path))`` (rewritten with ``write``):
+    one generated line of the opening box, such as "On GPUs" or "Time to allow"."""
+    out = []
+    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        new = with_line(nb.cells[0].source, line_for(path))
+        if new != nb.cells[0].source:
+            out.append(path.stem)
+            if write:
+                nb.cells[0].source = new
+                nbformat.write(nb, str(path))
+    return out

@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 
 from course_utils.common import paths
+from course_utils.tooling.nbtools import opening_box_drift
 
 WORDS_PER_MINUTE = 100         # reading the text, its tables and figures
 CODE_LINES_PER_MINUTE = 15     # reading the code cells (excerpts of DeepSpeed's source are printed, not counted)
@@ -72,13 +73,4 @@ def with_box_line(source: str, line: str) -> str:
 
 def box_drift(notebooks: Path = paths.NOTEBOOKS, write: bool = False) -> list[str]:
     """The notebooks whose opening box states another time than :func:`box_line` (rewritten with ``write``)."""
-    out = []
-    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
-        nb = nbformat.read(str(path), as_version=4)
-        new = with_box_line(nb.cells[0].source, box_line(path))
-        if new != nb.cells[0].source:
-            out.append(path.stem)
-            if write:
-                nb.cells[0].source = new
-                nbformat.write(nb, str(path))
-    return out
+    return opening_box_drift(box_line, with_box_line, notebooks, write)
