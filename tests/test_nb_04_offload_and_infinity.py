@@ -3,7 +3,7 @@ tensors show compared with what zero_rules predicts from the config."""
 import pytest
 
 from conftest import run_notebook
-from course_utils.common import zero_rules
+from course_utils.common import paths, zero_rules
 from course_utils.common.record import as_records
 from course_utils.common.records.offload import Rung
 from course_utils.common.zero_rules import LADDER
@@ -64,6 +64,7 @@ def test_ladder_nvme_and_knobs_are_measured():
         assert m["memory_order_as_documented"] is (m["ranks"] >= m["formula_crossing_ranks"])
     [nvme] = as_records(m["nvme"], Rung)
     assert m["nvme_swap_files"] >= 2 and nvme.nvme_bytes > 0
+    assert not (paths.build_dir() / "nvme" / "04_offload").exists(), "the launch cell removes the swap files it listed"
     staging = sum(b["bytes"] for b in nvme.swap_buffers.values())
     assert staging > 0 and nvme.locked_bytes >= staging, "the swappers' buffers are page-locked host memory"
     assert buffer_bytes(nvme, "host") > 0 and buffer_bytes(nvme) == bucket, "swap buffers on the host side, the bucket beside"
