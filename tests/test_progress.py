@@ -166,3 +166,25 @@ def test_a_script_without_a_notebook_prefix_waits_for_the_ops_of_the_notebook_th
     assert "async_io" in opbuild.wait_for_launch("trainer_template")
 
 
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_held_one_kept(tmp_path, monkeypatch, capsys):
+    """torch's build lock outlives a process killed while it compiled, and every later load would wait for it."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    op = ops.course_ops()[0]                                   # an op of this machine's own device
+    work = ops.folder(op)
+    work.mkdir(parents=True)
+    lock = work / "lock"
+    lock.touch()
+    assert ops.stale_lock(op) is None, "a lock just taken: its build may not have started its compilers yet"
+    old = time.time() - 60
+    os.utime(lock, (old, old))
+    compiler = subprocess.Popen(["sleep", "30"], cwd=work)     # a build's compiler works in the op's folder
+    try:
+        assert ops.clear_stale_locks([op]) == [] and lock.exists(), "held by a running build: kept"
+    finally:
+        compiler.kill()
+        compiler.wait()
+    assert ops.clear_stale_locks([op]) == [op.key] and not lock.exists()
+    assert "nothing was building it" in capsys.readouterr().out
+    assert ops.clear_stale_locks([op]) == []

@@ -120,11 +120,13 @@ NOTEBOOK_ENV = "COURSE_NOTEBOOK"     # set by ``make course`` for each notebook'
 def wait_for_launch(script_stem: str, quiet: bool = False) -> float:
     """Before a launch of ``script_stem``: wait for the ops it may load that the background build has yet to build
     (by its ``NN_`` prefix, :func:`course_utils.kernel.ops.for_script`; for a script without one, by the notebook that
-    ``make course`` runs, else every op)."""
+    ``make course`` runs, else every op). A build lock of one of them that a killed process left is removed first
+    (:func:`course_utils.kernel.ops.clear_stale_locks`): its ranks would wait for it until the launch's timeout."""
+    stem = script_stem if script_stem[:2].isdigit() else os.environ.get(NOTEBOOK_ENV, script_stem)
+    _ops.clear_stale_locks(_ops.for_script(stem))
     state = read_state()
     if state is None:
         return 0.0
-    stem = script_stem if script_stem[:2].isdigit() else os.environ.get(NOTEBOOK_ENV, script_stem)
     names = [op.key for op in _ops.for_script(stem)]
     return wait_for(names, f"This launch ({script_stem})", quiet)
 

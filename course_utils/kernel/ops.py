@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -103,6 +104,41 @@ def is_built(op: Op) -> bool:
     return (folder(op) / f"{op.name}.so").exists() and not (folder(op) / "lock").exists()
 
 
+def stale_lock(op: Op, settle: float = 10.0) -> Path | None:
+    """``op``'s build lock when no build holds it, else None. torch's JIT loader creates ``<op>/lock`` before it compiles
+    and removes it after (``torch.utils.file_baton.FileBaton``); a process killed meanwhile (a launch stopped while a
+    rank built the op) leaves it, and every later build or load of the op waits for it without end. While a build
+    runs, its compilers work in the op's folder (ninja's working directory, ``_run_ninja_build``): a lock older than
+    ``settle`` seconds with no process working there is a leftover."""
+    lock = folder(op) / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime < settle:
+            return None
+        here = str(folder(op).resolve())
+    except OSError:
+        return None
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.readlink(f"/proc/{pid}/cwd") == here:
+                return None
+        except OSError:
+            pass
+    return lock
+
+
+def clear_stale_locks(ops: tuple[Op, ...] | list[Op] | None = None) -> list[str]:
+    """Remove the leftover build locks of ``ops`` (:func:`stale_lock`), saying so; the keys of the ops cleared."""
+    cleared = []
+    for op in course_ops() if ops is None else ops:
+        lock = stale_lock(op)
+        if lock is not None:
+            lock.unlink(missing_ok=True)
+            cleared.append(op.key)
+            print(f"Removed the build lock of DeepSpeed's {op.key} op that a process killed while compiling it left "
+                  f"behind (nothing was building it): the op builds again when next needed.", flush=True)
+    return cleared
+
+
 def missing(ops: tuple[Op, ...] | list[Op] | None = None) -> list[Op]:
     return [op for op in (course_ops() if ops is None else ops) if not is_built(op)]
 
@@ -133,6 +169,7 @@ def build_one(op: Op) -> str:
     the CPU ranks of a GPU machine, in one that has their environment (DeepSpeed picks its accelerator per process)."""
     if op.device != devices.device():
         return _elsewhere(op, "build")
+    clear_stale_locks([op])
     b = _builder(op.builder)
     if b is None or not b.is_compatible(verbose=False):
         return "skipped"
