@@ -176,7 +176,15 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_held_one_kept(tmp_
     work.mkdir(parents=True)
     lock = work / "lock"
     lock.touch()
-    assert ops.stale_lock(op) is None, "a lock just taken: its build may not have started its compilers yet"
+    compiler = subprocess.Popen(["sleep", "30"], cwd=work)     # a build's compiler works in the op's folder
+    try:
+        assert ops.stale_lock(op, settle=0.5) is None, "a lock just taken, its compiler at work: kept"
+    finally:
+        compiler.kill()
+        compiler.wait()
+    started = time.monotonic()
+    assert ops.stale_lock(op, settle=1.0) == lock, "nobody working there once it is settle seconds old: a leftover"
+    assert time.monotonic() - started < 2
     old = time.time() - 60
     os.utime(lock, (old, old))
     compiler = subprocess.Popen(["sleep", "30"], cwd=work)     # a build's compiler works in the op's folder

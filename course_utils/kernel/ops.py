@@ -104,26 +104,35 @@ def is_built(op: Op) -> bool:
     return (folder(op) / f"{op.name}.so").exists() and not (folder(op) / "lock").exists()
 
 
-def stale_lock(op: Op, settle: float = 10.0) -> Path | None:
-    """``op``'s build lock when no build holds it, else None. torch's JIT loader creates ``<op>/lock`` before it compiles
-    and removes it after (``torch.utils.file_baton.FileBaton``); a process killed meanwhile (a launch stopped while a
-    rank built the op) leaves it, and every later build or load of the op waits for it without end. While a build
-    runs, its compilers work in the op's folder (ninja's working directory, ``_run_ninja_build``): a lock older than
-    ``settle`` seconds with no process working there is a leftover."""
+def _lock_age_and_holder(op: Op) -> tuple[float, bool] | None:
+    """(seconds since ``op``'s build lock was taken, whether a compiler works in its folder), or None without a lock."""
     lock = folder(op) / "lock"
     try:
-        if time.time() - lock.stat().st_mtime < settle:
-            return None
+        age = time.time() - lock.stat().st_mtime
         here = str(folder(op).resolve())
     except OSError:
         return None
     for pid in os.listdir("/proc"):
         try:
             if pid.isdigit() and os.readlink(f"/proc/{pid}/cwd") == here:
-                return None
+                return age, True
         except OSError:
             pass
-    return lock
+    return age, False
+
+
+def stale_lock(op: Op, settle: float = 5.0) -> Path | None:
+    """``op``'s build lock when no build holds it, else None. torch's JIT loader creates ``<op>/lock`` before it compiles
+    and removes it after (``torch.utils.file_baton.FileBaton``); a process killed meanwhile (a launch stopped while a
+    rank built the op) leaves it, and every later build or load of the op waits for it without end. While a build
+    runs, its compilers work in the op's folder (ninja's working directory, ``_run_ninja_build``), which they enter
+    within a second or two of taking the lock: a lock older than ``settle`` seconds with no process working there is a
+    leftover. A younger one with nobody working there is looked at again once it is ``settle`` seconds old."""
+    seen = _lock_age_and_holder(op)
+    if seen is not None and not seen[1] and seen[0] < settle:
+        time.sleep(settle - seen[0])
+        seen = _lock_age_and_holder(op)
+    return folder(op) / "lock" if seen is not None and not seen[1] and seen[0] >= settle else None
 
 
 def clear_stale_locks(ops: tuple[Op, ...] | list[Op] | None = None) -> list[str]:
