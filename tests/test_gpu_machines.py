@@ -195,3 +195,47 @@ def test_the_offload_view_shows_the_gpu_s_own_bytes_beside_the_sides_deepspeed_c
     assert table.loc[("stage 2 + offload", "optimizer"), "on cuda tensors (MiB)"] == 0
     assert table.loc[("stage 2 + offload", "params"), "on cuda tensors (MiB)"] == 4
     assert "on cuda tensors (MiB)" not in offload.placement_comparison([Rung(**{**vars(rung), "accelerator": "cpu"})])
+
+
+# ---- notebook 16: the limit of a GPU rank, without a GPU -----------------------------------------------------------
+
+def test_a_gpu_rank_of_notebook_16_caps_its_cuda_allocator_and_joins_no_cgroup(monkeypatch, tmp_path):
+    """The rank's device decides (course_utils.rank.bigger.apply_limit): on cuda the allocator's fraction is the limit
+    over the device's memory, and the cgroup.procs the notebook passed is left alone."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from course_utils.rank import bigger
+
+    total, fractions = 85_045_231_616, []
+    monkeypatch.setattr(type(get_accelerator()), "device_name", lambda self, *a: "cuda")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": total})())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, *a: fractions.append(f))
+    procs = tmp_path / "cgroup.procs"
+    limit = bigger.apply_limit(352 * 2**20, str(procs))
+    assert (limit.kind, limit.device, limit.device_total) == ("cuda", "cuda", total)
+    assert fractions == [352 * 2**20 / total] and not procs.exists()
+
+
+def test_notebook_16_launches_on_a_gpu_machine_without_memory_cgroups(machine, monkeypatch):
+    """A GPU machine where the course cannot make a cgroup (not root) still launches: the GPU rank caps its allocator.
+    A CPU machine in the same place skips, with the reason."""
+    from contextlib import contextmanager
+
+    from course_utils.kernel.launch import memcap
+    from course_utils.kernel.views import bigger
+
+    @contextmanager
+    def unavailable(megabytes):
+        raise memcap.MemoryCapUnavailable("not root")
+        yield
+    launched = []
+    monkeypatch.setattr(memcap, "memory_cap", unavailable)
+    monkeypatch.setattr(bigger, "_launch", lambda args, timeout, quiet: launched.append(args) or ([], None, 1.0))
+    machine(1)
+    out = bigger.try_sizes("no ZeRO", ["11 M"], 352)
+    assert out.skipped is None and len(launched) == 1 and "--cgroup_procs" not in launched[0]
+    machine(0)
+    out = bigger.try_sizes("no ZeRO", ["11 M"], 352)
+    assert "not root" in out.skipped and len(launched) == 1

@@ -247,7 +247,24 @@ DECISION = [
      "long sequences; at least p key-value heads"),
     ("ZeRO++ (hpZ + qwZ + qgZ)", "ZeRO-3 + a secondary shard 2Ψ/g", "cross-node 0.75Ψ instead of 3Ψ (published)",
      "ZeRO-3 across nodes on slow links"),
+    ("expert parallel (MoE), ep ranks", "experts: 16Ψ_experts/ep (ZeRO-1/2 split them further over N/ep); the rest as "
+     "its ZeRO stage", "2 all-to-alls of E·C·h per MoE layer and pass, (ep−1)/ep of them leave the rank",
+     "a Mixture-of-Experts model whose experts do not fit one device (notebook 15)"),
 ]
+
+
+def moe_from_15() -> str:
+    """The expert-parallel row's measured figures, from ``build/metrics/15_mixture_of_experts.json`` when notebook 15
+    has run on this machine, else where to find them."""
+    path = paths.metrics_dir() / "15_mixture_of_experts.json"
+    if not path.exists():
+        return "notebook 15 measures each rank's experts, the all-to-all bytes and the losses (run it to see them here)"
+    m = json.loads(path.read_text())
+    sent = {r["ep_size"]: r["leave the rank per forward"] for r in m.get("alltoall_bytes", [])
+            if r["world"] == 4 and r["layout"].startswith("4 experts")}
+    gap = max(m.get("ep_loss_gaps", {}).values(), default=float("nan"))
+    return (f"4 experts on 4 ranks: E/ep per rank; all-to-all bytes sent per forward {sent.get(2, '?')} (ep 2), "
+            f"{sent.get(4, '?')} (ep 4); losses = ep 1 within {gap:.0e}")
 
 
 def decision_table(measured: dict[str, str]) -> list[dict]:

@@ -1,0 +1,275 @@
+"""Notebook 16 in the kernel: launch one configuration under a memory limit, read what its rank recorded (also
+when the limit ended it), and put the configurations side by side with DeepSpeed's estimates.
+
+:func:`try_sizes` is the one launch: it makes the memory cgroup (``launch.memcap``; the rank decides whether to join
+it or, on a GPU, to cap the CUDA allocator instead), gives the NVMe configuration a swap folder under ``build/``,
+launches ``scripts/16_bigger_than_your_device.py`` on one rank, and removes the folder whatever happened. The
+runner removes the cgroup and the ``/dev/shm`` buffers itself, also when the kernel's out-of-memory killer ended
+the rank.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+
+from course_utils.common import paths
+from course_utils.common.record import read_as
+from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, Attempt, Limit, Trial
+from course_utils.common.records.offload import Rung
+
+MiB = 2**20
+TRAINED, OUT_OF_MEMORY, FAILED = "trained", "out of memory", "failed"
+
+
+@dataclass
+class Outcome:
+    """What one launch of one configuration did: each size it attempted, and how the launch ended."""
+    configuration: str
+    cap_mb: int
+    limit: Limit | None
+    attempts: list[Attempt]
+    trials: list[Trial]
+    error: str | None = None              # the runner's message when the launch failed
+    skipped: str | None = None            # why nothing was launched (no memory cgroup on this machine)
+    seconds: float = 0.0
+    statuses: dict = field(default_factory=dict)    # size → trained | out of memory | failed
+
+    @property
+    def largest(self) -> Trial | None:
+        """The largest size that trained (sizes are tried in ascending order)."""
+        return self.trials[-1] if self.trials else None
+
+
+def nvme_folder() -> "paths.Path":
+    """Where the NVMe configuration's swap files go (a folder under build/, removed after every launch)."""
+    return paths.build_dir() / "nvme" / "16_bigger"
+
+
+def killed_for_memory(message: str) -> bool:
+    """The runner's message says the rank ran out of memory: killed by SIGKILL (CPU) or torch's OutOfMemoryError (GPU)."""
+    return bool(re.search(r"killed by SIGKILL|OutOfMemoryError|CUDA out of memory", message))
+
+
+def statuses(attempts: list[Attempt], trials: list[Trial], error: str | None) -> dict[str, str]:
+    """size → outcome: trained; the one attempted last without a trial, out of memory (or failed, for any other
+    error)."""
+    done = {t.size for t in trials}
+    out = {}
+    for a in attempts:
+        if a.size in done:
+            out[a.size] = TRAINED
+        else:
+            out[a.size] = OUT_OF_MEMORY if error and killed_for_memory(error) else FAILED
+    return out
+
+
+def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4, timeout: int = 600,
+              quiet: bool = True, nvme_keys_file: str | None = None) -> Outcome:
+    """Launch ``configuration`` on one rank under a limit of ``cap_mb`` MiB, training ``sizes`` in this order until
+    one does not fit (the NVMe keys from ``nvme_keys_file``, a learner's ``nvme_keys``, when given). A limit the
+    machine cannot give (no memory cgroup, not root) skips the launch with the reason."""
+    from course_utils.kernel import hardware, launch
+    from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
+
+    if configuration not in CONFIGURATIONS:
+        raise KeyError(f"No configuration {configuration!r}; choose one of {list(CONFIGURATIONS)}")
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise KeyError(f"No size {unknown[0]!r}; the sizes are {list(SIZES)}")
+    folder = nvme_folder()
+    args = ["--configuration", configuration, "--sizes", *sizes, "--cap_mb", cap_mb, "--steps", steps,
+            "--nvme_dir", folder] + (["--nvme_keys_file", nvme_keys_file] if nvme_keys_file else [])
+    shutil.rmtree(folder, ignore_errors=True)
+    records, error, seconds = [], None, 0.0
+    try:
+        with memory_cap(cap_mb) as procs:
+            records, error, seconds = _launch(args + ["--cgroup_procs", procs], timeout, quiet)
+    except MemoryCapUnavailable as err:
+        if not hardware.detect().is_gpu:        # a GPU rank caps its CUDA allocator and needs no cgroup
+            return Outcome(configuration, cap_mb, None, [], [], skipped=str(err))
+        records, error, seconds = _launch(args, timeout, quiet)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)     # swap files left by a rank the limit ended
+    attempts, trials = read_as(records, Attempt), read_as(records, Trial)
+    limits = read_as(records, Limit)
+    return Outcome(configuration, cap_mb, limits[0] if limits else None, attempts, trials, error=error,
+                   seconds=seconds, statuses=statuses(attempts, trials, error))
+
+
+def _launch(args: list, timeout: int, quiet: bool) -> tuple[list[dict], str | None, float]:
+    from course_utils.kernel import launch
+
+    try:
+        result = launch.deepspeed("16_bigger_than_your_device.py", *args, procs=1, timeout=timeout, quiet=quiet)
+        return result.records, None, result.seconds
+    except launch.LaunchError as err:
+        return err.result.records, str(err), err.result.seconds
+
+
+def rung(trial: Trial) -> Rung:
+    """Notebook 04's record of the trial's engine."""
+    return trial.rung if isinstance(trial.rung, Rung) else Rung(**trial.rung)
+
+
+def summary(outcome: Outcome) -> str:
+    """One line per size of a launch, and the runner's message when the limit ended it."""
+    if outcome.skipped:
+        return f"{outcome.configuration}: skipped — {outcome.skipped}"
+    lines = [f"{outcome.configuration}, limit {outcome.cap_mb} MiB ({outcome.limit.kind if outcome.limit else '?'}):"]
+    for a in outcome.attempts:
+        trial = next((t for t in outcome.trials if t.size == a.size), None)
+        states = 16 * a.params / MiB
+        if trial is None:
+            lines.append(f"  {a.size:>5} ({a.params / 1e6:4.1f} M parameters, 16 B/parameter = {states:6.0f} MiB): "
+                         f"{outcome.statuses[a.size]}")
+        else:
+            lines.append(f"  {a.size:>5} ({a.params / 1e6:4.1f} M parameters, 16 B/parameter = {states:6.0f} MiB): "
+                         f"trained, loss {trial.losses[0]:.2f} → {trial.losses[-1]:.2f}, {trial.step_seconds:.2f} s/step, "
+                         f"peak {trial.peak_bytes / MiB:.0f} MiB of {outcome.cap_mb}"
+                         + (f" (still charged from earlier sizes: {trial.extra['held_before'] / MiB:.0f} MiB)"
+                            if trial.extra.get("held_before", 0) > MiB else ""))
+    return "\n".join(lines)
+
+
+def estimate(configuration: str, params: int, largest_layer: int) -> dict[str, float | None]:
+    """DeepSpeed's estimate for ``configuration`` at this size on one rank (notebook 05's reading of its estimators:
+    ``course_utils.kernel.planning.estimator_rows``), bytes on the device and on the host. The estimators have no
+    stage 0 (notebook 05 takes stage 2 with nothing divided, one rank) and no NVMe option (stage 3 with
+    ``offload_param``'s device column is what stays on the device; the host column is what NVMe takes away)."""
+    from course_utils.kernel import planning
+
+    stage, keys = CONFIGURATIONS[configuration]
+    offload_optimizer = "offload_optimizer" in keys
+    offload_param = "offload_param" in keys
+    nvme = keys.get("offload_param", {}).get("device") == "nvme"
+    for row in planning.estimator_rows(params, largest_layer, 1):
+        same = (row["stage"] == max(stage, 2) and row["offload_optimizer"] == offload_optimizer
+                and row["offload_param"] == offload_param and row["zero_init"] in (None, True))
+        if same:
+            return {"device": row["gpu_bytes"], "host": None if nvme else row["cpu_bytes"]}
+    raise LookupError(f"no estimator row for {configuration}")
+
+
+def table(outcomes: list[Outcome], device_is_host: bool):
+    """One row per configuration: the sizes tried and how each ended, the largest that trained, its step time, where
+    its model states were (notebook 04's sides: accelerator, host, NVMe files), the peak under the limit, and
+    DeepSpeed's estimate for the same size. ``device_is_host`` (a CPU rank): both estimates count against the limit."""
+    import pandas as pd
+
+    rows = []
+    for o in outcomes:
+        best = o.largest
+        row = {"configuration": o.configuration, "limit MiB": o.cap_mb,
+               "sizes tried": ", ".join(f"{s} {'✓' if v == TRAINED else '✗ ' + v}" for s, v in o.statuses.items())
+               or (o.skipped and "skipped")}
+        if best is not None:
+            r = rung(best)
+            est = estimate(o.configuration, best.params, best.largest_layer)
+            in_limit = est["device"] + (est["host"] or 0 if device_is_host else 0)
+            row.update({"largest trained": best.size, "16 B/param MiB": 16 * best.params / MiB,
+                        "states / limit": 16 * best.params / (o.cap_mb * MiB), "s/step": best.step_seconds,
+                        "accelerator side MiB": r.accelerator_side_bytes / MiB, "host side MiB": r.host_side_bytes / MiB,
+                        "NVMe MiB": r.nvme_bytes / MiB, "peak MiB": best.peak_bytes / MiB,
+                        "estimate: device MiB": est["device"] / MiB,
+                        "estimate: host MiB": est["host"] / MiB if est["host"] is not None else None,
+                        "estimate in the limit MiB": in_limit / MiB})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("configuration").round(2)
+
+
+def plot(outcomes: list[Outcome]):
+    """For each configuration, its largest trained size's model states by where they were (stacked) and the peak the
+    limit counted, against the limit."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    names = [o.configuration for o in outcomes]
+    for i, o in enumerate(outcomes):
+        best = o.largest
+        if best is None:
+            continue
+        r = rung(best)
+        bottom = 0.0
+        for label, value, colour in (("accelerator side", r.accelerator_side_bytes, "tab:blue"),
+                                     ("host side", r.host_side_bytes, "tab:orange"),
+                                     ("NVMe files", r.nvme_bytes, "tab:green")):
+            ax.bar(i, value / MiB, bottom=bottom, color=colour, label=label if i == 0 else None, width=0.5)
+            bottom += value / MiB
+        ax.plot([i - 0.3, i + 0.3], [best.peak_bytes / MiB] * 2, color="black", lw=2,
+                label="peak under the limit" if i == 0 else None)
+        ax.text(i, bottom, f" {best.size}", ha="center", va="bottom", fontsize=8)
+    cap = outcomes[0].cap_mb
+    ax.axhline(cap, color="red", ls="--", label=f"the limit ({cap} MiB)")
+    ax.set_xticks(range(len(names)), [n.replace(" + ", "\n+ ") for n in names], fontsize=8)
+    ax.set_ylabel("MiB")
+    ax.set_title("Largest model trained under the limit: where its model states were")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def parameters(size: str) -> int:
+    """The parameters of ``size``, counted on a model built on the meta device (no memory)."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from course_utils.rank.bigger import gpt2_config, sizes_of
+
+    with torch.device("meta"):
+        return sizes_of(GPT2LMHeadModel(gpt2_config(size)))[0]
+
+
+EXERCISE_SIZE = "7 M"
+HOST_TOLERANCE = 0.10
+
+
+def exercise_problem(mine: dict | None, outcome: Outcome | None) -> str | None:
+    """What is wrong with a prediction (``my_launch()``) against the launch it made, in words that do not give the
+    answer away; None when the prediction held: the outcome as predicted and, if it trained, the host-side bytes
+    within 10 % of the measured ones."""
+    if mine is None or outcome is None:
+        return "my_launch() returned nothing to launch."
+    missing = {"configuration", "cap_mb", "fits", "host_side_mib"} - set(mine)
+    if missing:
+        return f"my_launch() must return the keys {sorted(missing)} too."
+    if mine["configuration"] not in CONFIGURATIONS or mine["configuration"] == "no ZeRO":
+        return f"choose a configuration with something to offload, one of {[c for c in CONFIGURATIONS if c != 'no ZeRO']}."
+    states_mib = 16 * parameters(EXERCISE_SIZE) / MiB
+    if mine["cap_mb"] < states_mib:
+        return f"the limit must hold at least the size's fp32 Adam model states (16 bytes a parameter)."
+    if outcome.skipped:
+        return f"the launch could not run on this machine ({outcome.skipped}), so there is nothing to compare with."
+    status = outcome.statuses.get(EXERCISE_SIZE)
+    if status == FAILED:
+        return "the launch failed for a reason other than memory: read its message above."
+    trained = status == TRAINED
+    if bool(mine["fits"]) != trained:
+        return "your prediction of whether it trains differs from what the launch did."
+    if trained:
+        measured = rung(outcome.trials[0]).host_side_bytes / MiB
+        if abs(mine["host_side_mib"] - measured) > HOST_TOLERANCE * measured:
+            return (f"it trained as you predicted, but the host-side model states you predicted are off by more than "
+                    f"{HOST_TOLERANCE:.0%} of those measured.")
+    return None
+
+
+def nvme_problem(outcome: Outcome) -> str | None:
+    """What is wrong with the NVMe launch run with a learner's ``nvme_keys``, without naming the keys; None when its
+    largest size trained with its model states in the swap files and at most a quarter of them in memory."""
+    if outcome.skipped:
+        return f"the launch could not run on this machine ({outcome.skipped})."
+    if FAILED in outcome.statuses.values() or (outcome.error and not outcome.trials):
+        if not killed_for_memory(outcome.error or ""):
+            return "DeepSpeed stopped the launch before the limit did: read its message above."
+    if OUT_OF_MEMORY in outcome.statuses.values():
+        return "the limit ended the launch: your configuration keeps more in memory than the limit holds."
+    best = outcome.largest
+    if best is None:
+        return "no size trained."
+    placed = rung(best)
+    if placed.nvme_bytes < 16 * best.params:
+        return "the swap files hold less than the parameters and the optimizer states: something stayed in memory."
+    if placed.host_side_bytes + placed.accelerator_side_bytes > 6 * best.params:
+        return "more than the gradients stayed in memory beside the swap files."
+    return None

@@ -1,0 +1,146 @@
+"""Notebook 16's pieces without a launch: which limit a rank takes, the fraction a GPU rank gives its allocator, how a
+launch's records become fit / out of memory, DeepSpeed's estimate per configuration, and the exercise's check."""
+import pytest
+
+from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, Attempt, Trial, nvme_keys, zero_keys
+from course_utils.common.records.offload import Rung
+from course_utils.kernel.views import bigger as views
+from course_utils.rank import bigger
+
+MiB = 2**20
+H100 = 85_045_231_616        # torch.cuda.get_device_properties(0).total_memory of an H100 80GB HBM3
+
+
+@pytest.mark.parametrize("device,cgroup,kind", [("cuda", "/sys/fs/cgroup/x/cgroup.procs", "cuda"), ("cuda", None, "cuda"),
+                                                ("cpu", "/sys/fs/cgroup/x/cgroup.procs", "cgroup"), ("cpu", None, "none")])
+def test_the_rank_s_device_decides_its_limit(device, cgroup, kind):
+    assert bigger.limit_kind(device, cgroup) == kind
+
+
+def test_a_gpu_rank_caps_its_allocator_to_the_limit():
+    assert bigger.cuda_fraction(352 * MiB, H100) == pytest.approx(369098752 / 85045231616)
+    with pytest.raises(ValueError, match="CAP_MB"):
+        bigger.cuda_fraction(H100 + 1, H100)
+    with pytest.raises(ValueError):
+        bigger.cuda_fraction(0, H100)
+
+
+def test_the_cgroup_files_of_either_version_are_read(tmp_path):
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir(), v1.mkdir()
+    (v2 / "memory.current").write_text("4096\n")
+    (v2 / "memory.peak").write_text("8192\n")
+    (v1 / "memory.usage_in_bytes").write_text("1024\n")
+    (v1 / "memory.max_usage_in_bytes").write_text("2048\n")
+    assert bigger.charged(v2 / "cgroup.procs") == 4096 and bigger.peak(v2 / "cgroup.procs") == 8192
+    assert bigger.charged(v1 / "cgroup.procs") == 1024 and bigger.peak(v1 / "cgroup.procs") == 2048
+    bigger.reset_peak(v1 / "cgroup.procs")
+    assert (v1 / "memory.max_usage_in_bytes").read_text() == "0"
+
+
+def test_the_nvme_configuration_swaps_into_a_folder_through_buffers_that_hold_the_largest_parameter():
+    with pytest.raises(ValueError, match="nvme_folder"):
+        zero_keys("ZeRO-3 + NVMe")
+    stage, keys = zero_keys("ZeRO-3 + NVMe", "/tmp/swap", largest_param=3_000_000)
+    assert stage == 3 and keys["offload_param"]["nvme_path"] == keys["offload_optimizer"]["nvme_path"] == "/tmp/swap"
+    assert keys["offload_param"]["buffer_size"] >= 3_000_000 and keys["offload_param"]["max_in_cpu"] == 0
+    assert zero_keys("no ZeRO") == (0, {})
+    with pytest.raises(KeyError, match="configuration"):
+        zero_keys("ZeRO-4")
+
+
+def test_the_sizes_grow():
+    counts = [views.parameters(s) for s in SIZES]
+    assert counts == sorted(counts) and len(set(counts)) == len(counts)
+
+
+def attempt(size: str, params: int = 10_000_000) -> Attempt:
+    return Attempt("no ZeRO", size, params, params // 10)
+
+
+def rung_with(host_side: int) -> Rung:
+    return Rung(name="x", rank=0, dtype="fp32", step_seconds=0.1, accelerator="cpu", model_state_bytes=host_side,
+                device_bytes=host_side, host_bytes=0, accelerator_side_bytes=0, host_side_bytes=host_side, nvme_bytes=0,
+                held=[], accelerator_peak=0, gathered_in_forward=0, persistent_numel=0, optimizer="DeepSpeedCPUAdam",
+                loss=1.0)
+
+
+def trial(size: str, host_side: int = 0) -> Trial:
+    return Trial("no ZeRO", size, 10_000_000, 1_000_000, "fp32", [6.0, 4.0], 0.1, rung=rung_with(host_side))
+
+
+SIGKILL = "Rank 0 was killed by SIGKILL (exit status -9) and left no Python traceback: ..."
+CUDA_OOM = "Rank 0 failed (launch exit code 1):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"
+
+
+@pytest.mark.parametrize("error,last", [(SIGKILL, views.OUT_OF_MEMORY), (CUDA_OOM, views.OUT_OF_MEMORY),
+                                        ("Rank 0 failed:\nKeyError: 'x'", views.FAILED)])
+def test_the_size_a_launch_died_in_is_out_of_memory_only_when_memory_ended_it(error, last):
+    got = views.statuses([attempt("11 M"), attempt("25 M")], [trial("11 M")], error)
+    assert got == {"11 M": views.TRAINED, "25 M": last}
+    assert views.statuses([attempt("11 M")], [trial("11 M")], None) == {"11 M": views.TRAINED}
+
+
+def test_the_estimate_is_deepspeed_s_for_the_configuration_on_one_rank():
+    psi, largest = 10_000_000, 1_000_000
+    assert views.estimate("no ZeRO", psi, largest)["device"] == 20 * psi           # stage 2, nothing divided
+    assert views.estimate("ZeRO-2 + offload_optimizer", psi, largest)["device"] == 2 * psi   # the 16-bit parameters
+    z3 = views.estimate("ZeRO-3 + offload (CPU)", psi, largest)
+    assert z3["device"] == 4 * largest and z3["host"] == pytest.approx(18 * psi * 1.5)
+    assert views.estimate("ZeRO-3 + NVMe", psi, largest) == {"device": 4 * largest, "host": None}
+
+
+def outcome(status: str | None, host_side: int = 0) -> views.Outcome:
+    size = views.EXERCISE_SIZE
+    trials = [trial(size, host_side)] if status == views.TRAINED else []
+    return views.Outcome("ZeRO-2 + offload_optimizer", 200, None, [attempt(size)], trials,
+                         statuses={size: status} if status else {})
+
+
+def test_the_exercise_check_needs_the_outcome_and_the_bytes_and_never_names_them():
+    states = 16 * views.parameters(views.EXERCISE_SIZE) / MiB
+    good = {"configuration": "ZeRO-2 + offload_optimizer", "cap_mb": int(states) + 10, "fits": False, "host_side_mib": 0}
+    assert views.exercise_problem(good, outcome(views.OUT_OF_MEMORY)) is None
+    wrong = views.exercise_problem({**good, "fits": True}, outcome(views.OUT_OF_MEMORY))
+    assert "differs" in wrong and "out of memory" not in wrong
+    assert "offload" in views.exercise_problem({**good, "configuration": "no ZeRO"}, outcome(views.OUT_OF_MEMORY))
+    assert "16 bytes" in views.exercise_problem({**good, "cap_mb": int(states) - 1}, outcome(views.OUT_OF_MEMORY))
+    assert "keys" in views.exercise_problem({"configuration": "ZeRO-2 + offload_optimizer"}, outcome(None))
+    trained = outcome(views.TRAINED, host_side=100 * MiB)
+    assert views.exercise_problem({**good, "fits": True, "host_side_mib": 105}, trained) is None
+    off = views.exercise_problem({**good, "fits": True, "host_side_mib": 120}, trained)
+    assert "off by more than" in off and "100" not in off
+    assert "other than memory" in views.exercise_problem(good, outcome(views.FAILED))
+
+
+def test_every_configuration_has_an_estimate_and_a_stage():
+    for name in CONFIGURATIONS:
+        assert views.estimate(name, 1_000_000, 100_000)["device"] > 0
+
+
+def nvme_outcome(status: str, nvme_bytes: int = 0, in_memory: int = 0, error: str | None = None) -> views.Outcome:
+    size = "48 M"
+    placed = rung_with(in_memory)
+    placed.nvme_bytes = nvme_bytes
+    trials = [Trial("ZeRO-3 + NVMe", size, 10_000_000, 1_000_000, "fp32", [6.0, 4.0], 1.0, rung=placed)] \
+        if status == views.TRAINED else []
+    return views.Outcome("ZeRO-3 + NVMe", 352, None, [attempt(size)], trials, error=error, statuses={size: status})
+
+
+def test_the_nvme_check_reads_where_the_states_went():
+    psi = 10_000_000
+    assert views.nvme_problem(nvme_outcome(views.TRAINED, 16 * psi, 4 * psi)) is None
+    assert "limit ended" in views.nvme_problem(nvme_outcome(views.OUT_OF_MEMORY, error=SIGKILL))
+    refused = views.nvme_problem(nvme_outcome(views.FAILED, error="Rank 0 failed:\nAssertionError: More elements"))
+    assert "DeepSpeed stopped" in refused
+    assert "swap files hold less" in views.nvme_problem(nvme_outcome(views.TRAINED, 8 * psi, 4 * psi))
+    assert "more than the gradients" in views.nvme_problem(nvme_outcome(views.TRAINED, 16 * psi, 8 * psi))
+
+
+def test_the_course_s_nvme_keys_keep_parameters_out_of_host_memory_and_buffers_whole():
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadParamConfig
+
+    keys = nvme_keys("/tmp/swap", 2_359_296)["offload_param"]
+    parsed = DeepSpeedZeroOffloadParamConfig(**keys)            # DeepSpeed's own config class accepts them
+    assert parsed.max_in_cpu == 0 and parsed.buffer_size >= 2_359_296
+    assert DeepSpeedZeroOffloadParamConfig(device="nvme", nvme_path="/tmp").max_in_cpu == int(1e9)   # the default

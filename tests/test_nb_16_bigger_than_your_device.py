@@ -1,0 +1,100 @@
+"""Notebook 16 executed with papermill: one rank under a memory limit, models grown until they no longer fit in four
+configurations, the NVMe one training model states of more than twice the limit; nothing left behind."""
+from pathlib import Path
+
+import pytest
+
+from conftest import run_notebook
+from course_utils.common import paths
+from course_utils.kernel.launch.memcap import CGROUP_ROOT, MemoryCapUnavailable, memory_cap
+
+NAME = "16_bigger_than_your_device"
+pytestmark = pytest.mark.notebook
+MiB = 2**20
+
+
+def memory_cgroups_here() -> bool:
+    try:
+        with memory_cap(16):
+            return True
+    except MemoryCapUnavailable:
+        return False
+
+
+def course_cgroups() -> list[Path]:
+    """The course's memory cgroups (cgroup v2's one tree, or v1's memory hierarchy)."""
+    return sorted(CGROUP_ROOT.glob("deepspeed-course-*")) + sorted(CGROUP_ROOT.glob("memory/deepspeed-course-*"))
+
+
+def gpt2_parameters(n_embd: int, n_layer: int, vocab: int = 512, positions: int = 32) -> int:
+    """GPT-2's parameters written out (tied output embedding): per block two LayerNorms (4d), attention 3d² + 3d and
+    d² + d, the MLP 4d² + 4d and 4d² + d; the embeddings; the final LayerNorm."""
+    d = n_embd
+    block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    return n_layer * block + (vocab + positions) * d + 2 * d
+
+
+def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
+    shm_before, cgroups_before = set(Path("/dev/shm").iterdir()), set(course_cgroups())
+    m = run_notebook(NAME)
+    rows = {r["configuration"]: r for r in m["configurations"]}
+    assert list(rows) == ["no ZeRO", "ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)", "ZeRO-3 + NVMe"]
+    cap = m["cap_mb"] * MiB
+    # nothing left behind, also by the launches the limit ended: cgroups, swap files, /dev/shm buffers
+    assert set(course_cgroups()) <= cgroups_before
+    assert m["nvme_folder_left"] is False and not (paths.build_dir() / "nvme" / "16_bigger").exists()
+    assert set(Path("/dev/shm").iterdir()) <= shm_before
+    if m["is_gpu"]:
+        check_gpu(rows, m)
+        return
+    if not memory_cgroups_here():           # a machine without memory cgroups skips every launch, and says why
+        assert all(r["skipped"] for r in rows.values())
+        return
+    for r in rows.values():                 # the sizes as built: the arithmetic of GPT-2 written out
+        for size, params in r["params"].items():
+            d, layers = {"7 M": (320, 6), "11 M": (384, 6), "25 M": (512, 8), "48 M": (512, 15)}[size]
+            assert params == gpt2_parameters(d, layers), size
+        assert r["limit"] == "cgroup" and r["charged_after_join"] < 2 * MiB, "the libraries are not charged to the limit"
+        assert r["sizes"] and all(v != "failed" for v in r["sizes"].values()), r["error"]
+    plain = rows["no ZeRO"]
+    assert plain["sizes"] == {"11 M": "trained", "25 M": "out of memory"}
+    assert "Rank 0 was killed by SIGKILL" in plain["error"] and "out-of-memory killer" in plain["error"]
+    # on a CPU, offloading to "cpu" stays inside the limit: no bigger model than without ZeRO
+    for name in ("ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)"):
+        r = rows[name]
+        assert r["sizes"] == {"11 M": "trained", "25 M": "out of memory"}, name
+        assert r["bytes_by_place"]["host_side"] > 16 * r["largest_params"], "the optimizer's states on the host side"
+        assert r["peak_bytes"] > plain["peak_bytes"], "the same size needs more memory with CPU offload on a CPU"
+    nvme = rows["ZeRO-3 + NVMe"]
+    assert nvme["sizes"] == {"48 M": "trained"} and nvme["error"] is None
+    assert 16 * nvme["largest_params"] >= 2 * cap, "model states of at least twice the limit"
+    assert nvme["peak_bytes"] < cap
+    placed = nvme["bytes_by_place"]
+    assert placed["nvme"] >= 16 * nvme["largest_params"], "fp32 parameters and Adam's states are in the swap files"
+    assert placed["accelerator_side"] < MiB and placed["host_side"] < 6 * nvme["largest_params"]
+    for r in rows.values():                 # every size that trained took real steps, and its loss fell
+        assert len(r["losses"]) == m["all_steps"] and r["losses"][-1] < r["losses"][0] - 0.5, r["configuration"]
+        assert r["step_seconds"] > 0 and 0 < r["peak_bytes"] < cap
+    assert nvme["step_seconds"] > plain["step_seconds"], "the disk costs time"
+    # DeepSpeed's estimate (05's reading of its estimators) for the plain row: stage 2, one rank, 2Ψ + 18Ψ
+    psi = plain["largest_params"]
+    assert plain["estimate"]["device"] == 2 * psi + 18 * psi
+    # the exercise's solution: ZeRO-2 + offload_optimizer under 1.3 × its 16Ψ does not train on a CPU
+    assert m["exercise"]["sizes"] == {"7 M": "out of memory"}
+
+
+def check_gpu(rows: dict, m: dict) -> None:
+    """On a GPU (the lead's H100 run): the CUDA allocator is capped; no ZeRO fails with torch's OutOfMemoryError at the
+    size it fails at on a CPU (16 B/parameter either way), while offloading to the host trains bigger models."""
+    cap = m["cap_mb"] * MiB
+    for r in rows.values():
+        assert r["limit"] == "cuda" and all(v != "failed" for v in r["sizes"].values()), r["error"]
+        assert len(r["losses"]) == m["all_steps"] and r["losses"][-1] < r["losses"][0], r["configuration"]
+        assert 0 < r["peak_bytes"] < cap
+    plain = rows["no ZeRO"]
+    assert plain["sizes"] == {"11 M": "trained", "25 M": "out of memory"} and "OutOfMemoryError" in plain["error"]
+    for name in ("ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)"):
+        assert rows[name]["largest_params"] > 2 * plain["largest_params"], name
+        assert rows[name]["bytes_by_place"]["host"] > rows[name]["bytes_by_place"]["device"], name
+    assert 16 * rows["ZeRO-3 + NVMe"]["largest_params"] >= 2 * cap
+    assert m["exercise"]["sizes"] == {"7 M": "trained"}
