@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import run_notebook
-from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
+from course_utils.kernel.launch import memcap
 
 NAME = "05_memory_planning"
 pytestmark = pytest.mark.notebook
@@ -17,18 +17,11 @@ def expected_bucket_bytes(b: dict) -> float:
     return copies * b["reduce_bucket_size"] * (4 if b["dtype"] == "fp32" else 2)
 
 
-def memory_cgroups_here() -> bool:
-    try:
-        with memory_cap(16):
-            return True
-    except MemoryCapUnavailable:
-        return False
-
 
 def test_planning_figures():
     m = run_notebook(NAME)
     # the smoke run launches it too (about 20 s): rank 1 in a 400 MB memory cgroup, ended by the kernel's OOM killer
-    if memory_cgroups_here():
+    if memcap.available():
         assert (m["oom_killed_rank"], m["oom_exit_signal"]) == (1, "SIGKILL")
     else:
         assert m["oom_killed_rank"] is None and m["oom_exit_signal"] is None

@@ -6,19 +6,13 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.common import paths
-from course_utils.kernel.launch.memcap import CGROUP_ROOT, MemoryCapUnavailable, memory_cap
+from course_utils.kernel.launch import memcap
+from course_utils.kernel.launch.memcap import CGROUP_ROOT
 
 NAME = "16_bigger_than_your_device"
 pytestmark = pytest.mark.notebook
 MiB = 2**20
 
-
-def memory_cgroups_here() -> bool:
-    try:
-        with memory_cap(16):
-            return True
-    except MemoryCapUnavailable:
-        return False
 
 
 def course_cgroups() -> list[Path]:
@@ -47,7 +41,7 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     if m["is_gpu"]:
         check_gpu(rows, m)
         return
-    if not memory_cgroups_here():           # a machine without memory cgroups skips every launch, and says why
+    if not memcap.available():           # a machine without memory cgroups skips every launch, and says why
         assert all(r["skipped"] for r in rows.values())
         return
     for r in rows.values():                 # the sizes as built: the arithmetic of GPT-2 written out

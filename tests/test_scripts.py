@@ -49,11 +49,12 @@ INVENTORY = [_entry("params", 400), _entry("grads", 200), _entry("optimizer", 16
 
 
 def _held(inventory: list[TensorEntry], optimizer: str = "DeepSpeedZeroOptimizer", inner: str | None = "DeepSpeedCPUAdam"):
-    return load_script("04_offload_ladder").holdings(inventory, optimizer, inner)
+    from course_utils.rank.placement import holdings
+    return holdings(inventory, optimizer, inner)
 
 
 def test_04_holdings_name_deepspeeds_structures():
-    s = load_script("04_offload_ladder")
+    from course_utils.rank import placement as s
     inventory = [TensorEntry("optimizer.optimizer.state[<param>]['exp_avg']", "optimizer", "float32", 10, 40, "cpu"),
                  TensorEntry("optimizer.optimizer.state[<param>]['exp_avg']", "optimizer", "float32", 10, 40, "cpu"),
                  TensorEntry("optimizer.single_partition_of_fp32_groups[0]", "optimizer", "float32", 10, 40, "cuda:0"),
@@ -69,7 +70,7 @@ def test_04_holdings_name_deepspeeds_structures():
 
 
 def test_04_rung_record_from_fake_measurements(tmp_path):
-    s = load_script("04_offload_ladder")
+    from course_utils.rank import placement as s
     (tmp_path / "zero_stage_3" / "optimizer").mkdir(parents=True)
     (tmp_path / "zero_stage_3" / "optimizer" / "a.swp").write_bytes(b"")
     common = dict(rank=0, dtype="fp32", step_times=[0.3, 0.1, 0.2], held=_held(INVENTORY), accelerator="cpu",
@@ -86,7 +87,7 @@ def test_04_rung_record_from_fake_measurements(tmp_path):
 
 
 def test_04_gpu_placement_follows_the_tensors_devices():
-    s = load_script("04_offload_ladder")
+    from course_utils.rank import placement as s
     inventory = [_entry("params", 400, "cuda:0"), _entry("grads", 200, "cpu"), _entry("optimizer", 1600, "cpu"),
                  _entry("buffers", 64, "cuda:0")]
     rung = s.make_rung("stage 2 + offload", rank=0, dtype="bf16", step_times=[1.0], held=_held(inventory),

@@ -13,23 +13,19 @@
 
 Each size is built (under ``deepspeed.zero.Init`` at stage 3, so it is partitioned, and offloaded, as it is
 created), trained for a few real optimizer steps on one fixed batch (so the loss falls), measured as notebook 04
-measures its ladder (the same functions: every tensor the engine holds, the side DeepSpeed placed it on, the swap
-files), then freed before the next one.
+measures its ladder (the same functions, :mod:`course_utils.rank.placement`: every tensor the engine holds, the side
+DeepSpeed placed it on, the swap files), then freed before the next one.
 """
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Callable
 
-from course_utils.common import paths
 from course_utils.common.records.bigger import (CONFIGURATIONS, HEADS, LR, MICRO_BATCH, POSITIONS, SEQ_LEN, SIZES,
     VOCAB, Attempt, Limit, Trial, nvme_keys, zero_keys)
 
@@ -183,17 +179,6 @@ def sizes_of(model) -> tuple[int, int]:
 # ---------------------------------------------------------------- notebook 04's accounting
 
 @functools.lru_cache(maxsize=None)
-def ladder_accounting() -> ModuleType:
-    """Notebook 04's script as a module (nothing runs on import): its ``host_side_storages``, ``holdings``,
-    ``swap_buffers`` and ``make_rung`` measure placement here exactly as they measure its ladder."""
-    path = paths.SCRIPTS / "04_offload_ladder.py"
-    spec = importlib.util.spec_from_file_location("course_scripts.s04_offload_ladder", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 # ---------------------------------------------------------------- one size
 
 def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folder: str | None = None,
@@ -209,6 +194,7 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     from course_utils.common.record import record
     from course_utils.rank.engine import ds_config
     from course_utils.rank.memory import tensor_inventory
+    from course_utils.rank.placement import holdings, host_side_storages, make_rung, swap_buffers
 
     with torch.device("meta"):        # counted without memory: the attempt is on record before anything is built
         meta = GPT2LMHeadModel(gpt2_config(size))
@@ -220,7 +206,6 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     model, keep_alive = build(size, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     ids = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ_LEN), generator=torch.Generator().manual_seed(0)).to(engine.device)
-    ladder = ladder_accounting()
     losses, times = [], []
     for step in range(steps):
         started = time.perf_counter()
@@ -228,19 +213,19 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
         engine.backward(loss)
         if step == steps - 1:          # where the model states peak: after backward, before the step
             pause = time.perf_counter()
-            inventory, host_side = tensor_inventory(engine), ladder.host_side_storages(engine)
+            inventory, host_side = tensor_inventory(engine), host_side_storages(engine)
             started += time.perf_counter() - pause
         engine.step()
         times.append(time.perf_counter() - started)
         losses.append(float(loss.detach()))
     inner = getattr(engine.optimizer, "optimizer", None)
-    held = ladder.holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None
+    held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None
                            else None, host_side)
-    rung = ladder.make_rung(configuration, rank=dist.get_rank(), dtype=dtype, step_times=times[1:] or times,
+    rung = make_rung(configuration, rank=dist.get_rank(), dtype=dtype, step_times=times[1:] or times,
                             held=held, accelerator=get_accelerator().device_name(), accelerator_peak=0,
                             gathered_in_forward=0, persistent_numel=0,
                             optimizer=type(inner if inner is not None else engine.optimizer).__name__,
-                            loss=losses[-1], swap_dir=nvme_folder, swap_buffers=ladder.swap_buffers(engine))
+                            loss=losses[-1], swap_dir=nvme_folder, swap_buffers=swap_buffers(engine))
     rung.swap_files = None          # their bytes are in nvme_bytes; the names are notebook 04's lesson
     engine.destroy()
     del engine, model, inner, loss, keep_alive      # nothing of this size may stay charged to the limit

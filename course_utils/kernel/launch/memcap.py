@@ -66,3 +66,12 @@ def memory_cap(megabytes: int, wait: float = 10.0) -> Iterator[Path]:
                             pass
                     deadline = time.monotonic() + wait
                 time.sleep(0.05)
+
+
+def available() -> bool:
+    """Whether this machine gives the course memory cgroups (a small one is made and removed to find out)."""
+    try:
+        with memory_cap(16):
+            return True
+    except MemoryCapUnavailable:
+        return False
