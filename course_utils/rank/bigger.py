@@ -192,7 +192,7 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     from transformers import GPT2LMHeadModel
 
     from course_utils.common.record import record
-    from course_utils.rank.engine import ds_config
+    from course_utils.rank.engine import ds_config, free_memory
     from course_utils.rank.memory import tensor_inventory
     from course_utils.rank.placement import holdings, host_side_storages, make_rung, swap_buffers
 
@@ -229,22 +229,11 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     rung.swap_files = None          # their bytes are in nvme_bytes; the names are notebook 04's lesson
     engine.destroy()
     del engine, model, inner, loss, keep_alive      # nothing of this size may stay charged to the limit
-    free_memory()
+    free_memory()      # not all of a destroyed engine comes back (the script records what is still charged before each
+    #                    size, ``held_before``), so a launch grows the model only until the first size that does not fit
     if nvme_folder:
         shutil.rmtree(nvme_folder, ignore_errors=True)       # the next size starts with no swap files
     return Trial(configuration, size, params, largest, dtype, losses, statistics.median(times[1:] or times),
                  rung=rung)
 
 
-def free_memory() -> None:
-    """Collect what the last engine left in reference cycles and hand freed heap pages back to the kernel. Not all of
-    a destroyed engine comes back (DeepSpeed keeps some of it referenced: the script records what is still charged
-    before each size, ``held_before``), so a launch grows the model only until the first size that does not fit."""
-    import ctypes
-    import gc
-
-    from deepspeed.accelerator import get_accelerator
-
-    gc.collect()
-    get_accelerator().empty_cache()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -80,14 +80,20 @@ def reset_accelerator_peak() -> None:
 
 def release(engine) -> None:
     """Drop an engine and everything it holds before the next one is built in the same process."""
+    engine.destroy()
+    free_memory()
+
+
+def free_memory() -> None:
+    """Collect what reference cycles hold, empty the accelerator's cache and hand freed heap pages back to the kernel,
+    so that the next measurement (RSS, a memory limit) starts clean."""
     import ctypes
 
     from deepspeed.accelerator import get_accelerator
 
-    engine.destroy()
     gc.collect()
     get_accelerator().empty_cache()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)     # hand freed heap pages back, so the next RSS starts clean
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def gathered_numel(module) -> int:
