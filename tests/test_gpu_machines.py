@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from course_utils.kernel.launch import environment
 
 MACHINES = {n: hardware.describe(n) for n in (1, 2, 8)}
 LAPTOP = hardware.describe(0, cores=2)
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.fixture
@@ -239,3 +241,66 @@ def test_notebook_16_launches_on_a_gpu_machine_without_memory_cgroups(machine, m
     machine(0)
     out = bigger.try_sizes("no ZeRO", ["11 M"], 352)
     assert "not root" in out.skipped and len(launched) == 1
+
+
+# ---- the GPU table: launches made by a view's function count as the notebook's -----------------------------------
+
+def _notebook(tmp_path, *cells: str):
+    import nbformat
+
+    path = tmp_path / "99_probe.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), str(path))
+    return path
+
+
+def test_a_notebook_whose_launches_go_through_a_view_has_them_in_its_gpu_line(tmp_path):
+    """Notebook 16 launches only through ``bigger.try_sizes`` (one rank: ``@launch.launches(procs=1)``); its rows once
+    read "no DeepSpeed launch". A call of that function under a branch the machine does not take is not counted, and
+    other functions of the same module are not launches."""
+    from course_utils.tooling import gpu_table
+
+    assert gpu_table.notebook_rows(paths.NOTEBOOKS / "16_bigger_than_your_device.ipynb") == {
+        g: "5 launches on 1 GPU" for g in gpu_table.MACHINES}
+    probe = _notebook(tmp_path, "from course_utils.kernel.views import bigger",
+                      'bigger.try_sizes("no ZeRO", ["11 M"], 352)\nprint(bigger.summary(None))',
+                      'if not nb.hardware.is_gpu:\n    bigger.try_sizes("no ZeRO", ["25 M"], 352)')
+    assert gpu_table.launches(probe, MACHINES[2]) == [("GPU", 1)]
+
+
+def test_only_the_slurm_notebook_has_no_deepspeed_launch_in_the_gpu_table():
+    """The table's "no DeepSpeed launch" is true of notebook 14 alone (its ranks start under Slurm): any other notebook
+    with that row launches in a way the table does not see."""
+    from course_utils.tooling import gpu_table
+
+    none = [nb.stem for nb in sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+            if gpu_table.launches(nb, MACHINES[1]) == []]
+    assert none == ["14_your_cluster"]
+
+
+def test_a_launch_declaration_takes_only_what_a_placement_needs():
+    from course_utils.kernel import launch
+
+    assert launch.launches(procs=1)(lambda: None).course_launch == {"procs": 1}
+    with pytest.raises(TypeError, match="timeout"):
+        launch.launches(procs=1, timeout=5)
+
+
+def test_a_gpu_rank_s_out_of_memory_error_reaches_notebook_16_as_out_of_memory():
+    """On a GPU the limit does not kill the rank: the capped allocator raises ``torch.OutOfMemoryError``. Through the
+    real launcher and runner, the message names the rank and carries the error, and notebook 16 reads the size the
+    rank attempted as out of memory (a rank that fails otherwise is "failed")."""
+    from course_utils.common.record import read_as
+    from course_utils.common.records.bigger import Attempt
+    from course_utils.kernel import launch
+    from course_utils.kernel.views import bigger
+
+    with pytest.raises(launch.LaunchError) as failed:
+        launch.deepspeed(SCRIPTS / "out_of_device_memory.py", procs=1, timeout=120, quiet=True)
+    message = str(failed.value)
+    assert "Rank 0" in message and "OutOfMemoryError: CUDA out of memory" in message
+    attempts = read_as(failed.value.result.records, Attempt)
+    assert bigger.statuses(attempts, [], message) == {"25 M": "out of memory"}
+    outcome = bigger.Outcome("no ZeRO", 352, None, attempts, [], error=message,
+                             statuses=bigger.statuses(attempts, [], message))
+    assert "25 M" in bigger.summary(outcome) and "out of memory" in bigger.summary(outcome)
+    assert bigger.statuses(attempts, [], "Rank 0 failed (launch exit code 1):\nValueError: bad key") == {"25 M": "failed"}

@@ -68,6 +68,7 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     assert placed["accelerator_side"] < MiB and placed["host_side"] < 6 * nvme["largest_params"]
     for r in rows.values():                 # every size that trained took real steps, and its loss fell
         assert len(r["losses"]) == m["all_steps"] and r["losses"][-1] < r["losses"][0] - 0.5, r["configuration"]
+        assert all(b < a for a, b in zip(r["losses"], r["losses"][1:])), f"{r['configuration']}: a step the loss rose"
         assert r["step_seconds"] > 0 and 0 < r["peak_bytes"] < cap
     # no order of step times is asserted: a smoke step is one timed step, and beside another test on 2 cores the
     # plain 11 M step once took 3.2 s against NVMe's 1.9 s

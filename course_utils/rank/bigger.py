@@ -18,7 +18,6 @@ DeepSpeed placed it on, the swap files), then freed before the next one.
 """
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import statistics
@@ -176,15 +175,13 @@ def sizes_of(model) -> tuple[int, int]:
     return total, largest
 
 
-# ---------------------------------------------------------------- notebook 04's accounting
-
-@functools.lru_cache(maxsize=None)
 # ---------------------------------------------------------------- one size
 
 def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folder: str | None = None,
                nvme: Callable[[str, int], dict] = nvme_keys) -> Trial:
-    """Build ``size`` under ``configuration`` (its NVMe keys from ``nvme``), take ``steps`` optimizer steps on one fixed batch, measure where
-    the model states are after the last backward (notebook 04's walk), free it all; returns the trial."""
+    """Build ``size`` under ``configuration`` (its NVMe keys from ``nvme``), take ``steps`` optimizer steps on one fixed
+    batch, measure where the model states are after the last backward (notebook 04's walk), free it all; returns the
+    trial."""
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -219,13 +216,12 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
         times.append(time.perf_counter() - started)
         losses.append(float(loss.detach()))
     inner = getattr(engine.optimizer, "optimizer", None)
-    held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None
-                           else None, host_side)
-    rung = make_rung(configuration, rank=dist.get_rank(), dtype=dtype, step_times=times[1:] or times,
-                            held=held, accelerator=get_accelerator().device_name(), accelerator_peak=0,
-                            gathered_in_forward=0, persistent_numel=0,
-                            optimizer=type(inner if inner is not None else engine.optimizer).__name__,
-                            loss=losses[-1], swap_dir=nvme_folder, swap_buffers=swap_buffers(engine))
+    held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None else None,
+                    host_side)
+    rung = make_rung(configuration, rank=dist.get_rank(), dtype=dtype, step_times=times[1:] or times, held=held,
+                     accelerator=get_accelerator().device_name(), accelerator_peak=0, gathered_in_forward=0,
+                     persistent_numel=0, optimizer=type(inner if inner is not None else engine.optimizer).__name__,
+                     loss=losses[-1], swap_dir=nvme_folder, swap_buffers=swap_buffers(engine))
     rung.swap_files = None          # their bytes are in nvme_bytes; the names are notebook 04's lesson
     engine.destroy()
     del engine, model, inner, loss, keep_alive      # nothing of this size may stay charged to the limit

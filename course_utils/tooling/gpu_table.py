@@ -1,7 +1,8 @@
 """What each notebook does on 1, 2 and 8 GPUs, worked out from its own launch cells for a described machine.
 
-Every ``launch.deepspeed(...)`` call of a notebook is read from its code (``ast``), its ``procs``, ``min_ranks``,
-``nodes`` and ``env`` evaluated with the notebook's own assignments (``PROCS = None``, ``procs = PROCS or
+Every ``launch.deepspeed(...)`` call of a notebook is read from its code (``ast``), and every call of a view's
+function marked as making one launch (``@launch.launches(procs=1)``: notebook 16's ``bigger.try_sizes``), its
+``procs``, ``min_ranks``, ``nodes`` and ``env`` evaluated with the notebook's own assignments (``PROCS = None``, ``procs = PROCS or
 nb.hardware.default_procs``, ...) on a machine described as data (:func:`course_utils.kernel.hardware.describe`), and
 placed by the runner's own rule (:func:`course_utils.kernel.hardware.placement`; an ``env`` with ``DS_ACCELERATOR=cpu``
 keeps CPU ranks anywhere). The README's GPU table and the "On GPUs" line of each notebook's opening box are made
@@ -10,6 +11,7 @@ from it (``python -m course_utils.tooling.tables --write``); tests/test_manifest
 from __future__ import annotations
 
 import ast
+import importlib
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ import nbformat
 
 from course_utils.common import devices, paths
 from course_utils.kernel import hardware
+from course_utils.kernel.launch.options import LAUNCHES_ATTRIBUTE
 from course_utils.tooling.nbtools import opening_box_drift
 
 MACHINES = (1, 2, 8)
@@ -44,10 +47,38 @@ class _Names(dict):
         return value
 
 
-def _launch_calls(notebook: Path) -> tuple[list[tuple[ast.Call, list]], dict[str, ast.expr]]:
-    """Each ``launch.deepspeed`` call with the ``if`` tests around it (``(test, branch taken)``), and the assignments."""
+def _imported_modules(tree: ast.Module) -> dict[str, str]:
+    """name → module of a cell's ``from course_utils... import module`` and ``import course_utils... as name``."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_utils"):
+            for alias in node.names:
+                out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("course_utils.") and alias.asname:
+                    out[alias.asname] = alias.name
+    return out
+
+
+def declared_launch(call: ast.Call, modules: dict[str, str]) -> dict | None:
+    """The placement a view function declares (:func:`course_utils.kernel.launch.launches`) when ``call`` calls one
+    (``bigger.try_sizes(...)``, its module imported in the notebook); None for any other call."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in modules):
+        return None
+    try:
+        target = getattr(importlib.import_module(modules[func.value.id]), func.attr, None)
+    except ImportError:           # a name that is not a module (a function imported from one)
+        return None
+    return getattr(target, LAUNCHES_ATTRIBUTE, None)
+
+
+def _launch_calls(notebook: Path) -> tuple[list[tuple[ast.Call, list, dict | None]], dict[str, ast.expr]]:
+    """Each launch (a ``launch.deepspeed`` call, or a call of a function that declares one launch, with that
+    placement) with the ``if`` tests around it (``(test, branch taken)``), and the assignments."""
     nb = nbformat.read(str(notebook), as_version=4)
-    calls, assignments = [], {}
+    calls, assignments, modules = [], {}, {}
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -55,6 +86,7 @@ def _launch_calls(notebook: Path) -> tuple[list[tuple[ast.Call, list]], dict[str
             tree = ast.parse(cell.source)
         except SyntaxError:           # an IPython magic: such a cell launches nothing through the runner
             continue
+        modules.update(_imported_modules(tree))
         conditions = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.If):
@@ -64,9 +96,13 @@ def _launch_calls(notebook: Path) -> tuple[list[tuple[ast.Call, list]], dict[str
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 assignments.setdefault(node.targets[0].id, node.value)
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "deepspeed"
+            if not isinstance(node, ast.Call):
+                continue
+            if (isinstance(node.func, ast.Attribute) and node.func.attr == "deepspeed"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "launch"):
-                calls.append((node, conditions.get(node, [])))
+                calls.append((node, conditions.get(node, []), None))
+            elif (declared := declared_launch(node, modules)) is not None:
+                calls.append((node, conditions.get(node, []), declared))
     return calls, assignments
 
 
@@ -90,11 +126,11 @@ def launches(notebook: Path, hw: hardware.Hardware) -> list[tuple[str, int]]:
                                                       cpu_ranks_env=hardware.cpu_ranks_env))
     names = _Names(assignments, {"nb": told, "cu": course, "max": max, "min": min})
     out = []
-    for call, conditions in calls:
+    for call, conditions, declared in calls:
         if not _runs(conditions, names):
             continue
-        given = {}
-        for kw in call.keywords:
+        given = dict(declared or {})
+        for kw in call.keywords if declared is None else ():
             if kw.arg in ("procs", "min_ranks", "nodes", "env"):
                 try:
                     given[kw.arg] = _evaluate(kw.value, names)

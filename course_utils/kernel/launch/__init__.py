@@ -1,6 +1,7 @@
 """The course's runner of multi-rank launches (the real ``deepspeed`` launcher) and single tools.
 
-Notebooks call :func:`deepspeed` and :func:`command`; the package splits the work into modules of one
+Notebooks call :func:`deepspeed` and :func:`command` (or a view's function marked :func:`launches`, which makes
+one :func:`deepspeed` launch and says with how many ranks); the package splits the work into modules of one
 job each, so each can be read (and tested) on its own:
 
 - :mod:`.runner`: the launch itself, start to result (``deepspeed(...)`` → ``run(script, args, options)``);
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 from course_utils.common import paths  # noqa: F401  (launch.paths: where the tests and notebooks find run folders)
 from course_utils.kernel.launch.commands import free_port
-from course_utils.kernel.launch.options import DEFAULT_TIMEOUT, LaunchOptions
+from course_utils.kernel.launch.options import DEFAULT_TIMEOUT, LaunchOptions, launches
 from course_utils.kernel.launch.processes import release_shm_buffers
 from course_utils.kernel.launch.result import CommandError, LaunchError, LaunchResult
 from course_utils.kernel.launch.runner import deepspeed, run
 from course_utils.kernel.launch.tool import command
 
 __all__ = ["deepspeed", "run", "command", "LaunchError", "LaunchResult", "LaunchOptions", "CommandError",
-           "free_port", "release_shm_buffers", "DEFAULT_TIMEOUT"]
+           "free_port", "release_shm_buffers", "DEFAULT_TIMEOUT", "launches"]

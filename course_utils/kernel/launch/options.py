@@ -15,6 +15,24 @@ from typing import Any, Mapping, Sequence
 DEFAULT_TIMEOUT = 600   # seconds; far above any course launch, low enough that a hung cell ends on its own
 
 
+LAUNCHES_ATTRIBUTE = "course_launch"
+
+
+def launches(**placement: Any):
+    """Mark a function that makes one :func:`course_utils.kernel.launch.deepspeed` launch each time a notebook calls
+    it, with this placement (``procs``, ``min_ranks``, ``nodes``, ``env``: the values it passes to ``deepspeed``).
+    The README's GPU table and each notebook's "On GPUs" line count a notebook's calls of such a function as its
+    launches, as they count its own ``launch.deepspeed(...)`` calls (:mod:`course_utils.tooling.gpu_table`)."""
+    unknown = set(placement) - {"procs", "min_ranks", "nodes", "env"}
+    if unknown:
+        raise TypeError(f"launches() takes procs, min_ranks, nodes and env, not {sorted(unknown)}")
+
+    def mark(func):
+        setattr(func, LAUNCHES_ATTRIBUTE, dict(placement))
+        return func
+    return mark
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """How to launch a script; see :func:`course_utils.kernel.launch.deepspeed` for what each field means."""

@@ -17,8 +17,10 @@ from course_utils.common import paths
 from course_utils.common.record import read_as
 from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, Attempt, Limit, Trial
 from course_utils.common.records.offload import Rung
+from course_utils.kernel.launch.options import launches
 
 MiB = 2**20
+PROCS = 1           # one rank, one device
 TRAINED, OUT_OF_MEMORY, FAILED = "trained", "out of memory", "failed"
 
 
@@ -64,6 +66,7 @@ def statuses(attempts: list[Attempt], trials: list[Trial], error: str | None) ->
     return out
 
 
+@launches(procs=PROCS)
 def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4, timeout: int = 600,
               quiet: bool = True, nvme_keys_file: str | None = None) -> Outcome:
     """Launch ``configuration`` on one rank under a limit of ``cap_mb`` MiB, training ``sizes`` in this order until
@@ -101,7 +104,7 @@ def _launch(args: list, timeout: int, quiet: bool) -> tuple[list[dict], str | No
     from course_utils.kernel import launch
 
     try:
-        result = launch.deepspeed("16_bigger_than_your_device.py", *args, procs=1, timeout=timeout, quiet=quiet)
+        result = launch.deepspeed("16_bigger_than_your_device.py", *args, procs=PROCS, timeout=timeout, quiet=quiet)
         return result.records, None, result.seconds
     except launch.LaunchError as err:
         return err.result.records, str(err), err.result.seconds
