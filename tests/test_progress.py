@@ -196,3 +196,16 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_held_one_kept(tmp_
     assert ops.clear_stale_locks([op]) == [op.key] and not lock.exists()
     assert "nothing was building it" in capsys.readouterr().out
     assert ops.clear_stale_locks([op]) == []
+
+
+def test_the_op_table_reads_the_build_cache_without_making_a_folder_per_op(tmp_path, monkeypatch):
+    """``ds_report`` lists every op; reading whether each is built must not make an empty folder for it (torch's
+    ``_get_build_directory`` makes the folder it names), or notebook 00's listing of the cache shows ops never built."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    report = ("cpu_adam ............ [NO] ....... [OKAY]\n"
+              "cpu_lion ............ [NO] ....... [OKAY]\n")
+    (tmp_path / "cpu_adam").mkdir()
+    (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
+    rows = {r["op"]: r["built_in_cache"] for r in ops.ds_report_table(report)}
+    assert rows == {"cpu_adam": True, "cpu_lion": False}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_adam"]

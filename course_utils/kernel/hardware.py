@@ -45,7 +45,7 @@ class Hardware:
                     f"measured alongside the tensor accounting.{fewer}")
         return (f"This machine: no GPU, {self.cpu_cores} CPU cores → {self.default_procs} CPU ranks over "
                 f"{self.backend}. Everything runs for real, only slower; on a GPU machine the same "
-                f"cells use nccl with one rank per GPU and also report CUDA memory.")
+                f"cells run, and the opening box's \"On GPUs\" line says which launches use the GPUs there.")
 
 
 @dataclass(frozen=True)

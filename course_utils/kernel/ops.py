@@ -217,7 +217,9 @@ def ds_report_table(report_text: str) -> list[dict]:
         m = _OP_LINE.match(line.strip())
         if m:
             op = m.group(1)
-            built = Path(_get_build_directory(op, verbose=False)).glob("*.so")
+            # torch's build folder for ``op`` without making it: _get_build_directory creates the folder it names,
+            # so it is asked for the root (name "", which exists) and the op's folder is looked at, not made
+            built = (Path(_get_build_directory("", verbose=False)) / op).glob("*.so")
             rows.append({"op": op, "installed": m.group(2) == "YES", "compatible": m.group(3) == "OKAY",
                          "built_in_cache": any(True for _ in built)})
     return rows

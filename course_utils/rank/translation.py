@@ -5,7 +5,7 @@ builds a stand-in with the same shape that a tiny T5 can learn in minutes on a C
 
 - a *source* language with a grammar (``DET ADJ* NOUN VERB DET ADJ* NOUN ADV?``) and a few dozen
   invented words, and a *target* language that translates word by word but **reorders** (adjectives
-  after the noun, the verb at the end) and makes determiners and adjectives **agree** with the
+  after the noun, the verb after the object) and makes determiners and adjectives **agree** with the
   noun's gender, so a model must attend across the sentence, not just look words up;
 - a word-level tokenizer trained locally with ``tokenizers`` and wrapped as a transformers
   ``PreTrainedTokenizerFast`` (T5's special tokens: pad 0, eos 1, unk 2);
@@ -74,7 +74,7 @@ class Lexicon:
             if role == "subject":
                 verb = rng.choice(list(self.verbs))
                 src.append(verb)
-        tgt.append(self.verbs[verb])                                  # verb moves to the end
+        tgt.append(self.verbs[verb])                                  # the verb follows the object
         if rng.random() < 0.4:
             adv = rng.choice(list(self.adverbs))
             src.append(adv)
