@@ -22,7 +22,7 @@ from course_utils.rank.engine import (accelerator_bytes, ds_config, forward_back
 from course_utils.rank.memory import locked_bytes, tensor_inventory
 from course_utils.common.zero_rules import LADDER, nvme_offload
 from course_utils.rank.models import tiny_gpt2
-from course_utils.rank.placement import holdings, host_side_storages, make_rung, swap_buffers
+from course_utils.rank.placement import holdings, host_side_storages, make_rung, swap_buffers, with_parameter_swapper
 from course_utils.common.record import record
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
 
@@ -66,7 +66,7 @@ def run(name: str, stage: int, zero: dict, steps: int, dtype: str, client_optimi
         loss = forward_backward(engine, step)
         backward_done = time.perf_counter()
         if step == steps:                       # measure where model states peak: after backward, before step
-            inventory = tensor_inventory(engine)
+            inventory = with_parameter_swapper(tensor_inventory(engine), engine)
             host_side = host_side_storages(engine)
         kernel.clear()
         step_start = time.perf_counter()

@@ -1,6 +1,7 @@
 """Notebook 04 executed with papermill: the offload ladder, NVMe swap files, stage-3 knobs; the placement the
 tensors show compared with what zero_rules predicts from the config."""
 import pytest
+import torch
 
 from conftest import run_notebook
 from course_utils.common import paths, zero_rules
@@ -67,7 +68,18 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert not (paths.build_dir() / "nvme" / "04_offload").exists(), "the launch cell removes the swap files it listed"
     staging = sum(b["bytes"] for b in nvme.swap_buffers.values())
     assert staging > 0 and nvme.locked_bytes >= staging, "the swappers' buffers are page-locked host memory"
-    assert buffer_bytes(nvme, "host") > 0 and buffer_bytes(nvme) == bucket, "swap buffers on the host side, the bucket beside"
+    assert buffer_bytes(nvme, "host") == staging and buffer_bytes(nvme) == bucket, \
+        "both swappers' buffers counted on the host side (the parameter swapper's too), the bucket beside"
+    # the parameter swapper's dtype names its folder and sizes its buffers; partition_parameters.py (Init._set_dtype)
+    # keeps the dtype passed in only where the accelerator reports fp16 support, else takes bfloat16
+    [folder] = m["nvme_param_folders"]
+    swap_dtype = folder.removesuffix("params")
+    b = nvme.swap_buffers["parameter swapper"]
+    assert b["bytes"] // (b["buffers"] * b["elements"]) == getattr(torch, swap_dtype).itemsize, (folder, b)
+    if not m["is_gpu"]:
+        from deepspeed.accelerator import get_accelerator
+        passed = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[nvme.dtype]
+        assert swap_dtype == (passed if get_accelerator().is_fp16_supported() else "bfloat16"), (folder, nvme.dtype)
     assert m["client_optimizer_refused"] is True
     assert set(m["optimizer_kernel_seconds"]) == {"DeepSpeedCPUAdam", "AdamW"}
     knobs = {r.name: r for r in as_records(m["knobs"], Rung)}

@@ -127,8 +127,10 @@ def test_notebook_runs_and_records_its_figures():
     assert m["amp_config_error"].startswith("DeepSpeedConfigError: NVIDIA Apex AMP integration has been removed")
     assert "torch_autocast" in m["amp_config_error"]
     assert m["nan_pitfall"] == {"float32": True, "bfloat16": True, "float16": False}
-    # fp16.auto_cast: DeepSpeed's _cast_inputs_half makes every floating input fp16, leaves integers; bf16 has no such key
+    # fp16.auto_cast: DeepSpeed's forward pre-hook casts the positional arguments only: every floating tensor of a dict
+    # passed positionally becomes fp16 (integers stay), keyword arguments arrive as they were; bf16 has no such key
     assert m["auto_cast_dtypes"] == {"input_ids": "int64", "target": "float16", "mask": "float16"}
+    assert m["auto_cast_kwargs_dtypes"] == {"input_ids": "int64", "target": "float64", "mask": "bfloat16"}
     assert m["bf16_auto_cast_error"].startswith("Extra inputs are not permitted")
     # exercise 2's target: DeepSpeed's scaler from 2^12, halving and doubling
     assert m["scale_target"][0] == 4096 and max(m["scale_target"]) > 4096 and min(m["scale_target"]) < max(m["scale_target"])

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.notebook
 def test_notebook_runs_and_records_its_figures():
     """One execution (a test per notebook: pytest-xdist may place a module's tests on different workers)."""
     m = run_notebook(NAME)
-    procs = hardware.detect().default_procs
+    procs = hardware.placement(hardware.detect(), None, min_ranks=2).procs      # the training launches: min_ranks=2
     assert m["train_world_size"] == procs
     assert m["resume_max_abs_loss_diff"] <= 1e-6, "a resumed fp32 run must repeat the uninterrupted losses"
     # SMOKE: STEPS = 4. client_state (the script's) and global_steps (DeepSpeed's counter) both come back from the file
@@ -23,6 +23,10 @@ def test_notebook_runs_and_records_its_figures():
     assert m["reload_logits_max_abs_diff"] <= 1e-5, "the save_pretrained model must give the live logits"
     assert m["universal_resume_world_size"] == max(1, procs // 2)
     assert m["universal_resume_max_abs_loss_diff"] <= 1e-4, "a universal resume must continue the losses"
+    # ds_to_universal: every parameter the optimizer holds gets its states; the tied lm_head.weight, which it holds
+    # under transformer.wte.weight, gets only the fallback's fp32.pt
+    assert m["universal_weight_only"] == ["lm_head.weight"]
+    assert m["universal_with_states"] == m["universal_folders"] - 1
     assert m["cli_safetensors_tied_error"] is True
     refused = [f for f, v in m["weights_only"].items() if v != "ok"]
     assert refused and all("optim_states" in f for f in refused), m["weights_only"]

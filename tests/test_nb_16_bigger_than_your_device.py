@@ -2,11 +2,14 @@
 configurations, the NVMe one training model states of more than twice the limit; nothing left behind."""
 from pathlib import Path
 
+import re
+
 import pytest
 
 from conftest import run_notebook
 from course_utils.common import paths
 from course_utils.kernel.launch import memcap
+from course_utils.kernel.launch.processes import shm_pattern
 from course_utils.kernel.launch.memcap import CGROUP_ROOT
 
 NAME = "16_bigger_than_your_device"
@@ -20,6 +23,13 @@ def course_cgroups() -> list[Path]:
     return sorted(CGROUP_ROOT.glob("deepspeed-course-*")) + sorted(CGROUP_ROOT.glob("memory/deepspeed-course-*"))
 
 
+def shm_buffers_of(runs: set[Path]) -> list[Path]:
+    """The /dev/shm buffers of these launches (DeepSpeed's CPU all-reduce names each by its launch's master port):
+    another test's launch running beside this one has buffers of its own, which are not this notebook's to remove."""
+    ports = {m for run in runs for m in re.findall(r"--master_port[= ](\d+)", (run / "launch.log").read_text())}
+    return [b for port in ports for b in Path("/dev/shm").glob(Path(shm_pattern(int(port))).name)]
+
+
 def gpt2_parameters(n_embd: int, n_layer: int, vocab: int = 512, positions: int = 32) -> int:
     """GPT-2's parameters written out (tied output embedding): per block two LayerNorms (4d), attention 3d² + 3d and
     d² + d, the MLP 4d² + 4d and 4d² + d; the embeddings; the final LayerNorm."""
@@ -29,15 +39,20 @@ def gpt2_parameters(n_embd: int, n_layer: int, vocab: int = 512, positions: int 
 
 
 def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
-    shm_before, cgroups_before = set(Path("/dev/shm").iterdir()), set(course_cgroups())
+    runs_before = set(paths.runs_dir().glob(f"*-{NAME}-*"))
     m = run_notebook(NAME)
+    runs = set(paths.runs_dir().glob(f"*-{NAME}-*")) - runs_before
     rows = {r["configuration"]: r for r in m["configurations"]}
     assert list(rows) == ["no ZeRO", "ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)", "ZeRO-3 + NVMe"]
     cap = m["cap_mb"] * MiB
     # nothing left behind, also by the launches the limit ended: cgroups, swap files, /dev/shm buffers
-    assert set(course_cgroups()) <= cgroups_before
+    # (only its own: a notebook run beside it has launches, buffers and cgroups of its own)
+    launched = [r for r in [*rows.values(), m["exercise"]] if r is not None and not r["skipped"]]
+    made = [r["cgroup"] for r in launched if r["cgroup"]]
+    assert len(made) == (len(launched) if memcap.available() else 0)
+    assert not [c for c in course_cgroups() if c.name in made], "the memory cgroups of its launches are removed"
     assert m["nvme_folder_left"] is False and not (paths.build_dir() / "nvme" / "16_bigger").exists()
-    assert set(Path("/dev/shm").iterdir()) <= shm_before
+    assert len(runs) == len(launched) and not shm_buffers_of(runs)
     if m["is_gpu"]:
         check_gpu(rows, m)
         return

@@ -191,7 +191,8 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     from course_utils.common.record import record
     from course_utils.rank.engine import ds_config, free_memory
     from course_utils.rank.memory import tensor_inventory
-    from course_utils.rank.placement import holdings, host_side_storages, make_rung, swap_buffers
+    from course_utils.rank.placement import (holdings, host_side_storages, make_rung, swap_buffers,
+        with_parameter_swapper)
 
     with torch.device("meta"):        # counted without memory: the attempt is on record before anything is built
         meta = GPT2LMHeadModel(gpt2_config(size))
@@ -210,7 +211,8 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
         engine.backward(loss)
         if step == steps - 1:          # where the model states peak: after backward, before the step
             pause = time.perf_counter()
-            inventory, host_side = tensor_inventory(engine), host_side_storages(engine)
+            inventory = with_parameter_swapper(tensor_inventory(engine), engine)
+            host_side = host_side_storages(engine)
             started += time.perf_counter() - pause
         engine.step()
         times.append(time.perf_counter() - started)

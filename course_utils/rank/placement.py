@@ -66,6 +66,24 @@ def swappers(engine) -> tuple:
     return params, getattr(getattr(engine.optimizer, "optimizer_swapper", None), "swap_buffer_manager", None)
 
 
+def with_parameter_swapper(inventory: list, engine) -> list:
+    """NVMe offload: ``inventory`` plus the parameter swapper's page-locked buffers, as DeepSpeed buffers. The engine
+    holds that swapper only as each parameter's ``nvme_swapper`` attribute, which the walk of ``tensor_inventory``
+    does not follow (it follows ``.grad`` and ``.ds_tensor`` off a parameter); ``host_side_storages`` already names
+    its storage host side. The optimizer swapper's buffers are reached through ``engine.optimizer``."""
+    params, _ = swappers(engine)
+    if params is None:
+        return inventory
+    storage = params.buffers.untyped_storage()
+    if any(e.storage == storage.data_ptr() for e in inventory):      # already found (counted once)
+        return inventory
+    from course_utils.rank.memory import TensorEntry
+
+    return inventory + [TensorEntry(f"{type(params).__name__}.buffers", "buffers", str(params.buffers.dtype)
+                                    .replace("torch.", ""), storage.nbytes() // params.buffers.element_size(),
+                                    storage.nbytes(), str(params.buffers.device), storage.data_ptr())]
+
+
 def swap_buffers(engine) -> dict | None:
     """NVMe offload: the page-locked host buffers DeepSpeed's swappers stage every read and write through,
     sized by the config, not the model (swap_tensor/partitioned_param_swapper.py: ``buffer_count`` ×

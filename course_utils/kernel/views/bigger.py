@@ -36,6 +36,7 @@ class Outcome:
     skipped: str | None = None            # why nothing was launched (no memory cgroup on this machine)
     seconds: float = 0.0
     statuses: dict = field(default_factory=dict)    # size → trained | out of memory | failed
+    cgroup: str | None = None             # the memory cgroup the launch made (removed after it), on a CPU
 
     @property
     def largest(self) -> Trial | None:
@@ -84,9 +85,10 @@ def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4,
     args = ["--configuration", configuration, "--sizes", *sizes, "--cap_mb", cap_mb, "--steps", steps,
             "--nvme_dir", folder] + (["--nvme_keys_file", nvme_keys_file] if nvme_keys_file else [])
     shutil.rmtree(folder, ignore_errors=True)
-    records, error, seconds = [], None, 0.0
+    records, error, seconds, cgroup = [], None, 0.0, None
     try:
         with memory_cap(cap_mb) as procs:
+            cgroup = procs.parent.name
             records, error, seconds = _launch(args + ["--cgroup_procs", procs], timeout, quiet)
     except MemoryCapUnavailable as err:
         if not hardware.detect().is_gpu:        # a GPU rank caps its CUDA allocator and needs no cgroup
@@ -97,7 +99,7 @@ def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4,
     attempts, trials = read_as(records, Attempt), read_as(records, Trial)
     limits = read_as(records, Limit)
     return Outcome(configuration, cap_mb, limits[0] if limits else None, attempts, trials, error=error,
-                   seconds=seconds, statuses=statuses(attempts, trials, error))
+                   seconds=seconds, statuses=statuses(attempts, trials, error), cgroup=cgroup)
 
 
 def _launch(args: list, timeout: int, quiet: bool) -> tuple[list[dict], str | None, float]:

@@ -26,9 +26,10 @@ def read_traces(records: list[dict]) -> dict[str, Any]:
 def overflow_table(scale: float = 1000.0, seed: int = 0) -> list[dict[str, Any]]:
     """The NaN pitfall: one forward pass of the same weights in fp32, bf16 and fp16.
 
-    The first layer's weights are multiplied by ``scale`` so that the logits reach ~1e5, as happens
-    in models pre-trained in bf16 (bf16 has fp32's range, so nothing there kept them small). fp16 tops
-    out at 65504: those activations become inf, and inf − inf in the softmax makes the loss NaN.
+    Both layers' weights are multiplied by ``scale`` so that the logits reach ~1e5, as happens in models
+    pre-trained in bf16 (bf16 has fp32's range, so nothing there kept them small), while the hidden
+    activations stay in the thousands. fp16 tops out at 65504: the logits become inf, and inf − inf in the
+    softmax makes the loss NaN.
     """
     model = tiny_mlp(seed)
     with torch.no_grad():
@@ -47,6 +48,48 @@ def overflow_table(scale: float = 1000.0, seed: int = 0) -> list[dict[str, Any]]
                      "max |logit|": float(logits.float().abs().max()), "loss": float(loss.float()),
                      "finite": bool(torch.isfinite(loss).item())})
     return rows
+
+
+def auto_cast_seen(batch: dict[str, torch.Tensor]) -> dict[str, dict[str, str]]:
+    """What a module's ``forward`` receives when ``fp16.auto_cast`` is on, called the two ways a batch is passed.
+
+    DeepSpeed registers ``DeepSpeedEngine._forward_prologue`` as a forward pre-hook (``with_kwargs=True``); with
+    ``fp16_auto_cast()`` true it runs ``_cast_inputs_half`` on the positional ``inputs`` and returns ``kwargs``
+    as they came. Here DeepSpeed's own hook is registered, by DeepSpeed's own method, on a module that records the
+    dtypes it was given; the stand-in engine answers only what ``_forward_prologue`` asks (auto_cast on, every
+    other feature off), so no engine and no process group is built. Returns ``{call: {name: dtype}}`` for
+    ``engine(batch)`` (the dict as one positional argument) and ``engine(**batch)`` (keyword arguments).
+    """
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    class Probe(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            given = args[0] if args else kwargs
+            self.seen = {k: dtype_name(v.dtype) for k, v in given.items()}
+
+    off = staticmethod(lambda *_: False)
+
+    class AutoCastOnly:                        # what _forward_prologue reads: fp16.auto_cast on, the rest off
+        _forward_prologue = DeepSpeedEngine._forward_prologue
+        _cast_inputs_half = DeepSpeedEngine._cast_inputs_half
+        _create_module_forward_pre_hook = DeepSpeedEngine._create_module_forward_pre_hook
+        fp16_auto_cast = staticmethod(lambda: True)
+        autotuning_profile_model_info = memory_breakdown = flops_profiler_enabled = off
+        random_ltd_enabled = zero_optimization_partition_weights = off
+        training_dataloader = None
+        tput_timer = SimpleNamespace(start=lambda: None)
+        engine_timers = SimpleNamespace(forward_timers=[])
+        _start_timers = off
+
+    engine = AutoCastOnly()
+    engine.module = probe = Probe()
+    engine._create_module_forward_pre_hook()
+    probe(batch)
+    positional = probe.seen
+    probe(**batch)
+    return {"engine(batch)": positional, "engine(**batch)": probe.seen}
 
 
 def precision_support() -> dict[str, Any]:
