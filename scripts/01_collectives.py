@@ -14,16 +14,11 @@ from course_utils.common.records.collectives import AllReduceTime, CollectiveRow
 from course_utils.rank.distributed import (backends_available, choose_device, rank_identity, run_collectives,
     time_all_reduce, zero_step_collectives)
 from course_utils.common.record import record
+from course_utils.rank.perf import busy_seconds
 from course_utils.rank.scaffolding import finish, parse_args
 
 
 MIN_LOAD_WINDOW_S = 0.5      # a shorter timing is watched that long, idle, so that the machine's counters mean something
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine has spent outside idle (and I/O wait) since boot."""
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from course_utils.rank.perf import busy_seconds     # imported with psutil before the rank joins its limit
 from course_utils.common.records.bigger import (CONFIGURATIONS, HEADS, LR, MICRO_BATCH, POSITIONS, SEQ_LEN, SIZES,
     VOCAB, Attempt, Limit, Trial, nvme_keys, zero_keys)
 
@@ -205,7 +206,10 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     ids = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ_LEN), generator=torch.Generator().manual_seed(0)).to(engine.device)
     losses, times = [], []
+    window = None                      # (wall, own CPU, machine's busy CPU) when the timed steps began
     for step in range(steps):
+        if step == min(1, steps - 1):
+            window = time.perf_counter(), time.process_time(), busy_seconds()
         started = time.perf_counter()
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
@@ -217,6 +221,8 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
         engine.step()
         times.append(time.perf_counter() - started)
         losses.append(float(loss.detach()))
+    wall = time.perf_counter() - window[0]
+    others = max(0.0, busy_seconds() - window[2] - (time.process_time() - window[1]))
     inner = getattr(engine.optimizer, "optimizer", None)
     held = holdings(inventory, type(engine.optimizer).__name__, type(inner).__name__ if inner is not None else None,
                     host_side)
@@ -232,6 +238,6 @@ def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folde
     if nvme_folder:
         shutil.rmtree(nvme_folder, ignore_errors=True)       # the next size starts with no swap files
     return Trial(configuration, size, params, largest, dtype, losses, statistics.median(times[1:] or times),
-                 rung=rung)
+                 rung=rung, extra={"others_cores": others / wall if wall > 0 else 0.0})
 
 

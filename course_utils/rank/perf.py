@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import psutil
+
 from course_utils.rank.data import global_batch
 
 
@@ -136,6 +138,15 @@ def set_checkpointing(model, how: str, deepspeed_config: dict | None = None) -> 
     else:
         raise ValueError(f'checkpointing is "off", "hf" or "deepspeed", not {how!r}')
     model.train()
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent outside idle (and I/O wait) since boot (``psutil.cpu_times``): taken
+    before and after a timing, minus the process's own CPU time, it says what other programs took meanwhile."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def matmul_flops_per_s(device: str, n: int = 512, repeats: int = 5) -> float:
