@@ -143,8 +143,6 @@ def set_checkpointing(model, how: str, deepspeed_config: dict | None = None) -> 
 def busy_seconds() -> float:
     """CPU seconds the whole machine has spent outside idle (and I/O wait) since boot (``psutil.cpu_times``): taken
     before and after a timing, minus the process's own CPU time, it says what other programs took meanwhile."""
-    import psutil
-
     t = psutil.cpu_times()
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
