@@ -39,10 +39,30 @@ def gpt2_parameters(n_embd: int, n_layer: int, vocab: int = 512, positions: int 
     return n_layer * block + (vocab + positions) * d + 2 * d
 
 
+def check_real_scale(m: dict) -> None:
+    """This machine's figures, the step-time model beside each toy run, and the 8 B model on one 24 GB GPU."""
+    f = m["machine_figures"]
+    assert f["matmul_flops_s"] > 1e9 and f["copy_bytes_s"] > 1e9 and f["disk_read_bytes_s"] > 1e7
+    assert 0 < f["cpu_adam_s_per_param_core"] == pytest.approx(f["cpu_adam_s_per_param"] * f["threads"])
+    assert not (paths.build_dir() / "nvme" / "16_machine").exists(), "the disk probe's file and folder are removed"
+    trained = [r for r in m["configurations"] if r["largest"]]
+    assert [t["configuration"] for t in m["toy_projections"]] == [r["configuration"] for r in trained]
+    for t, r in zip(m["toy_projections"], trained):      # projected and measured recorded side by side, not asserted
+        assert t["measured s/step"] == r["step_seconds"] and t["projected s/step"] > 0
+        assert t["projection"]["terms"] and t["projection"]["hardware"].startswith("this machine")
+    rows = {r["configuration"]: r for r in m["real_scale"]}
+    assert not rows["no ZeRO"]["fits"] and rows["ZeRO-3 + offload (CPU)"]["fits"]
+    for p in m["real_scale_projections"]:
+        assert p["hardware"] == "1 × RTX 4090 24 GB" and p["assumptions"]["MFU"] > 0
+        assert all(t["count"] > 0 and t["rate"] > 0 and t["rate_says"] for t in p["terms"])
+
+
 def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     runs_before = set(paths.runs_dir().glob(f"*-{NAME}-*"))
+    probes_before = set(paths.runs_dir().glob("*-16_this_machine-*"))
     m = run_notebook(NAME)
     runs = set(paths.runs_dir().glob(f"*-{NAME}-*")) - runs_before
+    probes = set(paths.runs_dir().glob("*-16_this_machine-*")) - probes_before
     rows = {r["configuration"]: r for r in m["configurations"]}
     assert list(rows) == ["no ZeRO", "ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)", "ZeRO-3 + NVMe"]
     cap = m["cap_mb"] * MiB
@@ -53,7 +73,8 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     assert len(made) == (len(launched) if memcap.available() else 0)
     assert not [c for c in course_cgroups() if c.name in made], "the memory cgroups of its launches are removed"
     assert m["nvme_folder_left"] is False and not (paths.build_dir() / "nvme" / "16_bigger").exists()
-    assert len(runs) == len(launched) and not shm_buffers_of(runs)
+    assert len(runs) == len(launched) and len(probes) == 1 and not shm_buffers_of(runs | probes)
+    check_real_scale(m)
     if m["is_gpu"]:
         check_gpu(rows, m)
         return

@@ -1,0 +1,133 @@
+"""Notebook 16 at real scale: fine-tuning an 8 B model on one 24 GB GPU, projected from counts (the model built on
+the ``meta`` device, DeepSpeed's own estimators for what each configuration keeps where, this machine's measured
+DeepSpeedCPUAdam), and the exercise that asks a learner to project a step themselves."""
+from __future__ import annotations
+
+import inspect
+
+from course_utils.kernel.planning import estimator_rows
+from course_utils.kernel.scale import models, project, specs
+
+LORA_RANK = 16
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")     # attention projections, the usual LoRA targets
+GB = 1e9
+
+
+def lora_params(name: str, rank: int = LORA_RANK, targets: tuple = LORA_TARGETS) -> int:
+    """Trainable parameters LoRA adds: r·(in + out) for every targeted Linear of the model (read on the meta device)."""
+    import torch
+
+    model = models.build(name)
+    return sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets)
+
+
+def checkpointed_activations(size: models.Size, tokens: int, b: int = 2) -> float:
+    """Activation bytes kept for backward with every block checkpointed: each block's input (tokens × hidden, 16-bit)."""
+    return size.layers * tokens * size.hidden * b
+
+
+def estimates(size: models.Size) -> dict:
+    """DeepSpeed's estimators for one GPU (bytes on the GPU and on the host), keyed by configuration."""
+    rows = estimator_rows(size.params, size.largest_param, 1, 1)
+
+    def pick(stage, opt, par):
+        return next(r for r in rows if r["stage"] == stage and r["offload_optimizer"] == opt
+                    and r["offload_param"] == par and r["zero_init"] in (None, True))
+    return {"ZeRO-2 + offload_optimizer": pick(2, True, False), "ZeRO-3 + offload (CPU)": pick(3, True, True)}
+
+
+def eight_b_on_24gb(cpu_adam_s_per_param_core: float, gpu_name: str = "RTX 4090 24 GB",
+                    model: str = "Llama-3-8B shape", tokens: int = 4096, host_cores: int = project.HOST_CORES_PER_GPU):
+    """Full fine-tuning with ZeRO-Offload (CPU and NVMe) against LoRA on a frozen bf16 base, on one GPU: what each keeps
+    on the GPU and on the host, whether it fits, and a step projected on that GPU. Returns (rows, projections)."""
+    size, gpu = models.size(model), specs.gpu(gpu_name)
+    acts = checkpointed_activations(size, tokens)
+    est = estimates(size)
+    lora = lora_params(model)
+    cases = {
+        "no ZeRO": dict(stage=0),
+        "ZeRO-2 + offload_optimizer": dict(stage=2, offload_optimizer=True),
+        "ZeRO-3 + offload (CPU)": dict(stage=3, offload_optimizer=True, offload_param=True),
+        "ZeRO-3 + NVMe": dict(stage=3, offload_optimizer=True, offload_param=True, nvme=True),
+        f"LoRA r={LORA_RANK}, frozen bf16 base": dict(stage=0, trainable=lora, frozen_share=1.0),
+    }
+    rows, projections = [], []
+    for name, kw in cases.items():
+        p = project.step(size, gpu, 1, tokens_per_gpu=tokens, recompute=True, host_cores=host_cores,
+                         cpu_adam_s_per_param_core=cpu_adam_s_per_param_core, label=name, **kw)
+        device = p.memory["device"]
+        said = "formula (16-bit parameters, gradients, fp32 Adam)"
+        known = est.get(name) or (est["ZeRO-3 + offload (CPU)"] if kw.get("nvme") else None)
+        if known is not None:    # DeepSpeed's own estimate of what stays on the GPU (the largest layer, gathered, at 3)
+            device = known["gpu_bytes"]
+            said = "DeepSpeed's estimator" + (" (of ZeRO-3 + offload: it has no NVMe option)" if kw.get("nvme") else "")
+        need = device + acts
+        rows.append({"configuration": name, "trainable parameters": kw.get("trainable", size.params), "model states on the GPU GB": device / GB,
+                     "of which says": said, "activations (checkpointed) GB": acts / GB,
+                     "GPU total GB": need / GB, "fits in GB": gpu.memory_bytes / GB, "fits": need <= gpu.memory_bytes,
+                     "host GB": p.memory.get("host", 0.0) / GB, "NVMe GB": p.memory.get("nvme", 0.0) / GB,
+                     "projected s/step": p.seconds})
+        p.memory["activations"] = acts
+        projections.append(p)
+    return rows, projections
+
+
+# ---------------------------------------------------------------- exercise: project a step yourself
+
+SCENARIO = dict(model="GPT-2 XL", gpu="A100 40 GB", gpus=8, stage=2, tokens_per_gpu=8 * 1024, mfu=0.45)
+TOLERANCE = 0.10
+KEYS = ("device_gb", "step_seconds")
+
+
+def _course(scenario: dict) -> dict:
+    p = project.step(models.size(scenario["model"]), scenario["gpu"], scenario["gpus"], stage=scenario["stage"],
+                     tokens_per_gpu=scenario["tokens_per_gpu"], mfu=scenario["mfu"])
+    return {"device_gb": p.memory["device"] / GB, "step_seconds": p.seconds}
+
+
+def exercise_problem(answer, fn=None, scenario: dict = SCENARIO) -> str | None:
+    """What is wrong with a learner's projection (a dict of :data:`KEYS`) of :data:`SCENARIO`, in words that do not
+    give the course's figures; None when both are within :data:`TOLERANCE`. ``fn``: the learner's function, whose
+    source may not call the course's projection (the point is to know which counts make a step)."""
+    if fn is not None:
+        source = inspect.getsource(fn)
+        if "project.step" in source or "scale.project" in source or "eight_b_on_24gb" in source:
+            return "your function calls the course's projection: work the counts out yourself"
+    if not isinstance(answer, dict) or set(KEYS) - set(answer):
+        return f"return a dict with the keys {', '.join(KEYS)}"
+    course = _course(scenario)
+    said = []
+    for key, what in (("device_gb", "the model states per GPU"), ("step_seconds", "the step time")):
+        got = float(answer[key])
+        if not abs(got / course[key] - 1) <= TOLERANCE:
+            said.append(f"{what} is {'too high' if got > course[key] else 'too low'} (more than "
+                        f"{TOLERANCE:.0%} away from the course's projection)")
+    return "; ".join(said) or None
+
+
+# ---------------------------------------------------------------- the same model, on this machine's toy runs first
+
+def toy_projections(outcomes, figures) -> list[dict]:
+    """For each configuration's largest size that trained (notebook 16's launches): its measured step time beside the
+    step projected on this machine from its own measured figures (:func:`.machine.toy_step`)."""
+    from course_utils.common.records.bigger import CONFIGURATIONS, MICRO_BATCH, POSITIONS, SEQ_LEN, SIZES
+    from course_utils.kernel.scale import machine
+
+    rows = []
+    for o in outcomes:
+        best = getattr(o, "largest", None)
+        if best is None:
+            continue
+        hidden, layers = SIZES[best.size]
+        keys = CONFIGURATIONS[o.configuration][1]
+        opt = "offload_optimizer" in keys
+        par = "offload_param" in keys
+        nvme = keys.get("offload_param", {}).get("device") == "nvme"
+        p = machine.toy_step(o.configuration, figures, best.params, best.params - POSITIONS * hidden,
+                             MICRO_BATCH * SEQ_LEN, layers, hidden, SEQ_LEN, opt, par, nvme)
+        rows.append({"configuration": o.configuration, "size": best.size, "measured s/step": best.step_seconds,
+                     "projected s/step": p.seconds, "projected / measured": p.seconds / best.step_seconds,
+                     "others' cores meanwhile": best.extra.get("others_cores", 0.0),
+                     **{f"{t.name} s": t.seconds for t in p.terms}, "projection": p.record()})
+    return rows
