@@ -29,6 +29,11 @@ def test_planning_figures():
     gb = m["paper_example_gb"]
     assert gb["0"] == pytest.approx(120) and gb["1"] == pytest.approx(31.4, abs=0.05)
     assert gb["2"] == pytest.approx(16.6, abs=0.05) and gb["3"] == pytest.approx(1.9, abs=0.05)
+    # real models counted on the meta device: Llama's shape written out (test_scale.llama_by_hand); a Mixtral layer's 8
+    # experts are one module (gate_up_proj 8 × 2·14336 × 4096 and down_proj 8 × 4096 × 14336), gathered whole at ZeRO-3
+    assert m["real_model_counts"]["Llama-3-8B shape"] == 8_030_261_248
+    assert m["real_model_largest_layers"]["Mixtral-8x7B shape"] == 8 * 3 * 4096 * 14336
+    assert {r["model"] for r in m["estimator_rows"]} >= {"GPT-2 XL", "Llama-3-8B shape", "Mixtral-8x7B shape"}
     for r in m["estimator_rows"]:     # the notebook's reading of DeepSpeed's estimators, without offload
         if not r["offload_optimizer"] and r["stage"] == 2:
             assert r["gpu_bytes"] == 2 * r["params"] + int(18 * r["params"] / r["gpus"]), r

@@ -48,7 +48,9 @@ class Size:
     """What a projection needs of a model, read from the model transformers built on the ``meta`` device."""
     name: str
     params: int                    # every parameter, counted once (tied weights once)
-    largest_param: int             # elements of the largest parameter (ZeRO-3 gathers it whole: estimators' input)
+    largest_param: int             # elements of the largest parameter
+    largest_layer: int             # the largest module's own parameters: what ZeRO-3 gathers at once, as DeepSpeed's
+    #                                estimators count it (planning.largest_layer_params)
     embedding_params: int          # input embeddings (a lookup, no matmul)
     expert_params: int             # MoE experts, all of them
     experts: int
@@ -96,6 +98,7 @@ def size(name: str) -> Size:
     return Size(
         name=name, params=sum(p.numel() for p in named.values()),
         largest_param=max(p.numel() for p in named.values()),
+        largest_layer=max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in model.modules()),
         # a tied input embedding is also the LM head, a matmul: it stays in the matmul count
         embedding_params=sum(p.numel() for p in named.values() if id(p) in embeddings and id(p) != output_id),
         expert_params=sum(p.numel() for p in experts), experts=cfg.get("num_local_experts", 0),
@@ -120,6 +123,29 @@ def table():
     for name, m in REAL_MODELS.items():
         s = size(name)
         rows.append({"model": name, "parameters (meta device)": s.params, "published": f"{m.published / 1e9:g} B",
-                     "largest parameter": s.largest_param, "layers": s.layers, "hidden": s.hidden,
+                     "largest parameter": s.largest_param, "largest module (ZeRO-3 gathers it whole)": s.largest_layer,
+                     "layers": s.layers, "hidden": s.hidden,
                      "used per token": s.active_params, "source of the published figure": m.source})
     return pd.DataFrame(rows).set_index("model")
+
+
+def zero_bytes_table(gpus: tuple = (1, 8, 64), dtype: str = "bf16"):
+    """GB of model states per GPU for every real model at ZeRO stages 0–3 on 1, 8 and 64 GPUs (the paper's formula,
+    :func:`course_utils.common.zero_rules.zero_formula`, notebook 03 checked it against measured bytes), beside
+    DeepSpeed's own stage-3 estimate (which allows 4 bytes × the largest module gathered whole)."""
+    import pandas as pd
+
+    from course_utils.common.zero_rules import zero_formula
+    from course_utils.kernel.planning import estimator_rows
+
+    rows = []
+    for name in REAL_MODELS:
+        s = size(name)
+        for n in gpus:
+            row = {"model": name, "GPUs": n}
+            row.update({f"stage {k} GB": zero_formula(s.params, k, n, dtype)["total"] / 1e9 for k in range(4)})
+            est = next(r for r in estimator_rows(s.params, s.largest_layer, n, 1) if r["stage"] == 3
+                       and not r["offload_optimizer"] and r["zero_init"])
+            row["DeepSpeed's stage-3 estimate GB"] = est["gpu_bytes"] / 1e9
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["model", "GPUs"])

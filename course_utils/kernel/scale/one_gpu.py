@@ -29,7 +29,7 @@ def checkpointed_activations(size: models.Size, tokens: int, b: int = 2) -> floa
 
 def estimates(size: models.Size) -> dict:
     """DeepSpeed's estimators for one GPU (bytes on the GPU and on the host), keyed by configuration."""
-    rows = estimator_rows(size.params, size.largest_param, 1, 1)
+    rows = estimator_rows(size.params, size.largest_layer, 1, 1)
 
     def pick(stage, opt, par):
         return next(r for r in rows if r["stage"] == stage and r["offload_optimizer"] == opt
