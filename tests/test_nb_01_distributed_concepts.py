@@ -1,5 +1,6 @@
 """Notebook 01 executed with papermill: identities from live ranks on 2 simulated nodes and on 2 loopback hosts over
-ssh, the collectives ZeRO calls, the ring all-reduce checked against dist.all_reduce, its bytes against 2(N−1)/N·S and its steps."""
+ssh, the collectives ZeRO calls, the ring all-reduce checked against dist.all_reduce, its bytes against 2(N−1)/N·S and its steps,
+and a real model's gradient all-reduce projected on GPU links."""
 import pytest
 
 from conftest import run_notebook
@@ -52,3 +53,24 @@ def test_notebook_runs_and_records_its_figures():
     assert alpha > 0 and beta > 0, "a latency per call and a cost per byte"
     load = m["all_reduce_timing_load"]      # what else the machine ran while the ranks timed all_reduce
     assert load["wall_s"] > 0 and load["ranks_cpu_s"] > 0 and 0 <= load["others_cores"] <= load["cores"]
+    check_the_ring_formula_and_the_projected_gradient_all_reduce(m)
+
+
+def check_the_ring_formula_and_the_projected_gradient_all_reduce(m):
+    """ring_sent against every rank's counted bytes (a formula off by more than its tolerance fails), then the all-reduce
+    of a Llama-3-8B shape's bf16 gradients on 8 GPUs: this run's α per call, the ring's bytes at each link's rate."""
+    agreement = m["scale_agreement"]
+    assert len(agreement) == m["ring_world_size"] and all(r["within"] for r in agreement), agreement
+    projections = m["scale_projections"]
+    assert [p["hardware"] for p in projections] == ["8 × H100 80 GB", "8 × A100 40 GB", "8 × RTX 4090 24 GB",
+                                                     "8 × H100 80 GB, one per machine"]
+    alpha = m["all_reduce_alpha_beta"][0]
+    for p in projections:
+        latency, sent = p["terms"]
+        assert latency["rate"] == pytest.approx(1 / alpha) and latency["count"] == 17     # 8.03e9 in buckets of 5e8
+        assert sent["count"] == pytest.approx(2 * 7 / 8 * 2 * 8_030_261_248)              # 2(N−1)/N · 2 bytes · Ψ
+        assert all(t["count"] > 0 and t["rate"] > 0 and t["rate_says"] for t in p["terms"])
+        assert p["assumptions"]["link efficiency"] > 0 and p["assumptions"]["sources"] and p["assumptions"]["latency"]
+        assert p["seconds"] == pytest.approx(latency["seconds"] + sent["seconds"])
+    nvlink, pcie = projections[0]["terms"][1]["seconds"], projections[2]["terms"][1]["seconds"]
+    assert nvlink < 0.15 < 0.5 < pcie, "the text: about a tenth of a second over NVLink, most of a second over PCIe"

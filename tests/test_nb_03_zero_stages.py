@@ -1,4 +1,5 @@
-"""Notebook 03 executed with papermill: per-rank ZeRO memory measured against the paper's formulas."""
+"""Notebook 03 executed with papermill: per-rank ZeRO memory measured against the paper's formulas, the bytes each stage
+sends against counts.zero_sent, and ZeRO-3 at real scale projected on GPUs."""
 import pytest
 
 from conftest import run_notebook
@@ -50,6 +51,7 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     assert held == pytest.approx(20 / 4 * m["num_params"], rel=0.03), "stage 3 in fp32 with its master copy, within 3 %"
     # one execution of the notebook, several subjects (each test function would execute it again)
     check_each_stage_sends_what_deepspeed_0_19_issues(m)
+    check_zero_sent_and_the_zero3_projection(m)
     check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m)
     check_the_ranks_own_disjoint_slices_that_cover_the_model(m)
     check_the_plain_read_finds_placeholders_at_stage_3(m)
@@ -91,6 +93,30 @@ def check_each_stage_sends_what_deepspeed_0_19_issues(m):
                 assert gathered == 1, (n, dtype, gathered)
             else:
                 assert gathered >= 2, (n, dtype, gathered)
+
+
+def check_zero_sent_and_the_zero3_projection(m):
+    """counts.zero_sent against every run's bytes per rank (a formula off by more than its tolerance fails), then ZeRO-3
+    of a Llama-3-8B shape projected on 8 GPUs of three kinds and on 64 over the network, as the text reads them."""
+    agreement = m["scale_agreement"]
+    runs = {r["count"].split(", N = ")[0] for r in agreement}
+    assert {"stage 0", "stage 1", "stage 2", "stage 3", "stage 3, released after use"} <= runs, runs
+    assert all(r["within"] for r in agreement), [r for r in agreement if not r["within"]]
+    projections = {p["hardware"]: p for p in m["scale_projections"]}
+    assert list(projections) == ["8 × H100 80 GB", "8 × A100 40 GB", "8 × RTX 4090 24 GB", "64 × H100 80 GB"]
+    share = {}
+    for hardware, p in projections.items():
+        terms = {t["name"]: t for t in p["terms"]}
+        assert set(terms) == {"compute", "collectives"} and terms["collectives"]["overlaps_compute"]
+        assert all(t["count"] > 0 and t["rate"] > 0 and t["rate_says"] for t in terms.values())
+        assert p["assumptions"]["MFU"] > 0 and p["assumptions"]["link efficiency"] > 0 and p["assumptions"]["overlap"]
+        assert p["assumptions"]["sources"] and p["assumptions"]["tokens per GPU"] == 4096
+        gpus = int(hardware.split(" × ")[0])
+        assert terms["collectives"]["count"] == pytest.approx(3 * (gpus - 1) / gpus * 2 * 8_030_261_248)
+        share[hardware] = terms["collectives"]["seconds"] / terms["compute"]["seconds"]
+    # the text: NVLink leaves a fraction of compute to hide, PCIe about half, 8 machines more than all of it
+    assert share["8 × H100 80 GB"] < 0.5 and share["8 × A100 40 GB"] < 0.5
+    assert 0.4 < share["8 × RTX 4090 24 GB"] < 0.6 and share["64 × H100 80 GB"] > 1
 
 
 def check_stage_2_holds_fewer_gradients_than_stage_1_during_backward(m):

@@ -9,6 +9,7 @@ from course_utils.common.record import as_records
 from course_utils.common.records.offload import Rung
 from course_utils.common.zero_rules import LADDER
 from course_utils.kernel.configs import load as load_config
+from course_utils.kernel.scale.offload import OFFLOAD_CONFIGS, OFFLOAD_MACHINES, missing
 from course_utils.kernel.views.offload import buffer_bytes
 
 NAME = "04_offload_and_infinity"
@@ -96,3 +97,15 @@ def test_ladder_nvme_and_knobs_are_measured():
     assert yours["persistent_numel"] == yours["total"] - yours["embedding"] > 0
     assert yours["gathered"] == yours["embedding"]
     assert knobs["knobs: yours (exercise 2)"].persistent_numel == yours["persistent_numel"]
+    # real scale: each count formula reproduces the partitions this run's walk found (the formula that disagrees with
+    # the measured count by more than the tolerance fails), then projects a Llama-3-8B-shaped step on GPUs
+    rows = m["scale_agreement"]
+    assert len(rows) == 6 and all(r["within"] for r in rows), [r for r in rows if not r["within"]]
+    projections = m["scale_projections"]
+    assert [(p["hardware"], p["label"].split(", ", 1)[1]) for p in projections] == [
+        (f"{gpus} × {gpu}", config) for gpu, gpus in OFFLOAD_MACHINES for config in OFFLOAD_CONFIGS]
+    for p in projections:
+        assert missing(p, ("MFU", "link efficiency", "overlap", "host cores per GPU")) == [], p
+        terms = {t["name"]: t for t in p["terms"]}
+        assert "measured here" in terms["CPU Adam"]["rate_says"]
+        assert ("NVMe" in terms) == p["label"].endswith("NVMe") and "offload transfers" in terms

@@ -51,6 +51,22 @@ def test_pipeline_sequence_tensor_and_zeropp():
     assert m["hpz"][1]["from other node"] <= 0.5 * m["hpz"][0]["from other node"]
     assert "not been implemented on CPU" in m["qwz_cpu_error"] and "not been implemented on CPU" in m["qgz_cpu_error"]
 
+    # real scale: the bubble's and the hand-overs' formulas reproduce this run's counts for every m; then projections
+    agreement = m["scale_agreement"]
+    assert len(agreement) == 2 * len({r["m"] for r in rows}), [r["count"] for r in agreement]
+    assert all(r["within"] and abs(r["gap"]) <= r["tolerance"] <= 0.03 for r in agreement), \
+        [r for r in agreement if not r["within"]]
+    for p in m["scale_projections"]:
+        assert p["hardware"].endswith("H100 80 GB") and p["assumptions"]["MFU"] > 0 and p["assumptions"]["overlap"]
+        assert p["terms"] and all(t["count"] > 0 and t["rate"] > 0 and t["rate_says"] for t in p["terms"])
+    for r in m["scale_bubble"]:          # at real stage times the bubble lies at or just above the formula
+        for p in (4, 8):
+            formula = r[f"p = {p}: formula"]
+            assert formula <= r[f"p = {p}: NVLink 4"] <= r[f"p = {p}: InfiniBand"] <= formula + 0.05
+    versus = m["scale_pipeline_or_zero3"]
+    assert {(r["GPUs"], r["tokens per GPU"]) for r in versus} == {(8, 4096), (8, 16384), (64, 4096), (64, 16384)}
+    assert all(r["pipeline sends GB (InfiniBand)"] < r["ZeRO-3 sends GB (InfiniBand)"] / 10 for r in versus)
+
 
 def test_replay_with_equal_times_and_free_hand_overs_gives_the_formula():
     """The replay that splits the timed gap: DeepSpeed's own schedules with forward 1 and backward 2 on both stages."""

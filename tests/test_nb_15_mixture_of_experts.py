@@ -6,6 +6,7 @@ import math
 import pytest
 
 from conftest import run_notebook
+from course_utils.kernel.scale.offload import missing
 
 NAME = "15_mixture_of_experts"
 pytestmark = pytest.mark.notebook
@@ -101,3 +102,16 @@ def test_moe_routing_expert_parallelism_zero_and_leaf_modules():
     assert m["zero3_returncode"] != 0
     assert any("collective mismatch" in said for said in m["zero3_failure"].values())
     assert "get() takes 2 positional arguments" in m["autoep_error"]
+    # real scale: the all-to-all formula reproduces the bytes the comms logger measured at ep 2 and 4 (a formula that
+    # disagrees beyond the tolerance fails); a Mixtral-8x7B-shaped stack projected on 8 H100s and 8 A100s
+    rows = m["scale_agreement"]
+    assert all(r["within"] for r in rows), [r for r in rows if not r["within"]]
+    assert [r["count"].split(" (")[0] for r in rows] == ["2 ranks, 4 experts, ep_size 2", "4 ranks, 4 experts, ep_size 2",
+                                                          "4 ranks, 4 experts, ep_size 4", "4 ranks, your layout"]
+    projections = m["scale_projections"]
+    assert {(p["hardware"], p["assumptions"]["capacity factor"], p["assumptions"]["link"]) for p in projections} == {
+        (f"8 × {gpu}", f, link) for gpu, nvlink in (("H100 80 GB", "NVLink 4 (H100)"), ("A100 80 GB", "NVLink 3 (A100)"))
+        for f in (1.0, 1.25) for link in (nvlink, "InfiniBand NDR 400 Gb/s")}
+    for p in projections:
+        assert missing(p, ("MFU", "link efficiency", "overlap", "tokens per GPU", "ep")) == [], p
+        assert sorted(t["name"] for t in p["terms"]) == ["all-to-all", "compute"]

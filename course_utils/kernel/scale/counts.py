@@ -24,12 +24,14 @@ def forward_flops(matmul_params: float, tokens: float, layers: int = 0, hidden: 
     return 2 * matmul_params * tokens + 4 * layers * seq * hidden * tokens
 
 
-def step_flops(forward: float, recompute: bool = False, frozen_share: float = 0.0) -> float:
+def step_flops(forward: float, recompute: bool | float = False, frozen_share: float = 0.0) -> float:
     """A training step: forward, and a backward of about twice the forward (gradients for the inputs and for the
-    weights); activation checkpointing runs the forward once more. Frozen weights (LoRA's base model) need no weight
-    gradients: their share of the backward's second forward-sized half is skipped."""
+    weights); activation checkpointing runs the forward once more in the backward pass. ``recompute``: the share of
+    the forward run again (True: all of it, as DeepSpeed's flops profiler counts with ``recompute_fwd_factor`` 1.0;
+    checkpointed blocks rerun less, :func:`course_utils.kernel.scale.compute.blocks_share`). Frozen weights (LoRA's
+    base model) need no weight gradients: their share of the backward's second forward-sized half is skipped."""
     backward = (2 - frozen_share) * forward
-    return forward + backward + (forward if recompute else 0.0)
+    return forward + backward + float(recompute) * forward
 
 
 # ---------------------------------------------------------------- collectives, bytes one rank sends
@@ -49,52 +51,90 @@ def ring_sent(op: str, message_bytes: float, world: int) -> float:
     raise ValueError(f"no ring rule for {op!r}")
 
 
-def zero_sent(stage: int, params: float, world: int, b: float, regather: bool = True) -> float:
+def zero_sent(stage: int, params: float, world: int, b: float, regather: bool = True, reused: float = 0.0) -> float:
     """Bytes one rank sends per optimizer step at a ZeRO stage, as DeepSpeed 0.19.8 issues its collectives (notebook
     03, section 4, measured them): stage 0 all-reduces the gradients, 2(N−1)/N·Ψ; stages 1–2 all-reduce them and
     all-gather the updated partitions, 3(N−1)/N·Ψ; stage 3 gathers the parameters for forward and, once released,
     again for backward, and reduce-scatters the gradients: 3(N−1)/N·Ψ (2 when the gathered parameters survive until
-    backward, ``regather=False``). Ψ counted in bytes: ``params`` × ``b``."""
+    backward, ``regather=False``). Ψ counted in bytes: ``params`` × ``b``.
+
+    Released parameters are gathered once per *use*: each module fetches its own parameters in its pre-forward and
+    pre-backward hooks (``fetch_sub_module`` in ``runtime/zero/parameter_offload.py``) and releases them after. A
+    weight that several modules share (GPT-2's token embedding tied to its output layer) is gathered again for each
+    further module, in forward and in backward: ``reused`` counts those elements once per further module
+    (:func:`course_utils.kernel.scale.wire.reused_numel` reads it off a model)."""
     if world <= 1:
         return 0.0
     share = (world - 1) / world
     units = {0: 2, 1: 3, 2: 3, 3: 3 if regather else 2}[stage]
-    return units * share * params * b
+    again = 2 * reused if stage == 3 and regather else 0.0
+    return (units * params + again) * share * b
 
 
 def all_to_all_sent(experts: int, capacity: int, hidden: int, ep: int, b: float) -> float:
     """Bytes one rank sends in one MoE layer's forward: two all-to-alls (dispatch, combine) of the E·C·h buffer (sized by
-    capacity, empty slots included: notebook 15), each keeping 1/ep of it at home."""
+    capacity, empty slots included: notebook 15), each keeping 1/ep of it at home. ``b``: bytes of an activation
+    element (4 in notebook 15's fp32 runs, 2 in bf16). Backward runs the same two on the gradients."""
     return 2 * experts * capacity * hidden * b * (ep - 1) / ep
 
 
 # ---------------------------------------------------------------- offload, bytes over the host link and to NVMe
 
-def offload_moved(params: float, world: int, offload_optimizer: bool, offload_param: bool, b: float = 2) -> dict:
-    """Bytes one rank moves between its device and host memory per step with ZeRO-Offload: its gradient partition down
-    and its updated parameter partition up (offload_optimizer); with offload_param the parameter partition comes up for
-    forward and again for backward, and stays on the host after the step. ``b``: bytes of a 16-bit element."""
-    part = params / world * b
-    down = part if (offload_optimizer or offload_param) else 0.0
+def offload_moved(params: float, world: int, offload_optimizer: bool, offload_param: bool, b: float = 2,
+                  stage: int | None = None, master: float = 4) -> dict:
+    """Bytes one rank moves between its device and host memory per step with ZeRO-Offload, as DeepSpeed 0.19.8 copies
+    them (notebook 04, section 6). ``b``: bytes of a 16-bit element; ``master``: of the fp32 master weights and
+    gradients; ``stage``: 3 when ``offload_param`` (it needs stage 3), else 2 unless given.
+
+    - offload_optimizer at stages 1–2 (``stage_1_and_2.py``): each gradient is converted to the master dtype on the
+      device and copied into the host's fp32 gradient partition (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``),
+      ``master`` bytes down; after the CPU step the partition goes up through a host 16-bit buffer
+      (``param_buffer_of_bit16_for_cpu_offload_groups``), ``b`` up.
+    - offload_optimizer at stage 3 (``stage3.py``, ``partition_grads``): the reduce-scattered 16-bit gradient is copied
+      into the host's ``grad_partitions_flat_buffer`` and straight back to the device, then converted to fp32 there and
+      copied into the host's fp32 gradient partition: ``b + master`` down, ``b`` up; without offload_param the updated
+      16-bit partition goes up after the step, ``b``.
+    - offload_param: every gather starts from the host shard (``ds_tensor.to(device)`` in ``partition_parameters.py``),
+      once for forward and once for backward, ``2 b`` up; without offload_optimizer the step's 16-bit result goes down
+      to the host shard, ``b``."""
+    part = params / world
+    stage = stage if stage is not None else (3 if offload_param else 2)
+    down = up = 0.0
+    if offload_optimizer:
+        down += master * part
+        if stage == 3:
+            down += b * part
+            up += b * part
+        if not offload_param:
+            up += b * part
     if offload_param:
-        up = 2 * part
-    elif offload_optimizer:
-        up = part
-    else:
-        up = 0.0
+        up += 2 * b * part
+        if not offload_optimizer:
+            down += b * part
     return {"to host": down, "to device": up}
 
 
-def nvme_moved(params: float, world: int, offload_param: bool, b: float = 2) -> dict:
-    """Bytes one rank reads and writes on NVMe per step with ZeRO-Infinity: the fp32 master weights and Adam's two
-    moments (12 bytes a parameter) read and written back by the optimizer step, and with offload_param the 16-bit
-    parameters read for forward and for backward and written once after the step."""
+def nvme_moved(params: float, world: int, offload_param: bool, b: float = 2, master: float = 4,
+               swapped_grads: float | None = None, max_in_cpu: float = 1e9) -> dict:
+    """Bytes one rank reads and writes on NVMe per step with ZeRO-Infinity (stage 3, both offloads to NVMe), as
+    DeepSpeed 0.19.8's swappers do it (``runtime/swap_tensor/``; notebook 04, section 6):
+
+    - backward writes each fp32 gradient partition to a swap file (``swap_out_gradients``) if it has at least 1 MiB,
+      else keeps it in host memory: ``swapped_grads`` elements of the rank's ``params / world`` (default all of them);
+    - the step reads the fp32 master partition, Adam's two moments and the swapped gradients, and writes the first
+      three back (``swap_in_optimizer_state``, ``swap_out_optimizer_state``): ``3 · master`` bytes a parameter each way;
+    - with offload_param, only the parameters beyond ``max_in_cpu`` elements per rank (``offload_param.max_in_cpu``,
+      1e9 by default) live on NVMe: read for forward and for backward, written after the step, ``b`` bytes each time.
+      The others are swapped in "permanently to CPU" when the engine starts (``_move_to_flat_buffer`` in
+      ``stage3.py``) and stay in host memory."""
     part = params / world
-    read = 12 * part + (2 * b * part if offload_param else 0.0)
-    write = 12 * part + (b * part if offload_param else 0.0)
-    return {"read": read, "write": write}
+    grads = part if swapped_grads is None else swapped_grads
+    on_nvme = max(0.0, part - max_in_cpu) if offload_param else 0.0
+    states = 3 * master * part
+    return {"read": states + master * grads + 2 * b * on_nvme, "write": states + master * grads + b * on_nvme}
 
 
 def bubble(stages: int, micro_batches: int) -> float:
-    """A synchronous pipeline's idle share: (p − 1) / (m + p − 1)."""
+    """A synchronous pipeline's idle share: (p − 1) / (m + p − 1), exactly in the steps of its schedule; in time only
+    with equal passes and free hand-overs (:func:`course_utils.kernel.scale.compute.pipeline_step` adds them)."""
     return (stages - 1) / (micro_batches + stages - 1)

@@ -38,18 +38,19 @@ def toy_step(label: str, figures: MachineFigures, params: int, matmul_params: fl
 
     Every configuration runs an Adam step over all parameters on the CPU (the device is the host); offload adds the
     copies between DeepSpeed's device-side and host-side buffers (``b``: fp32 here), NVMe the swap files' reads and
-    writes (``swap_b``: DeepSpeed's parameter swapper is bfloat16 on a CPU, notebook 04)."""
+    writes (``swap_b``: DeepSpeed's parameter swapper is bfloat16 on a CPU, notebook 04; notebook 16's keys keep no
+    parameter in host memory, ``max_in_cpu`` 0)."""
     gpu = as_gpu(figures)
     fwd = counts.forward_flops(matmul_params, tokens, layers, hidden, seq)
     terms = [Term("compute", counts.step_flops(fwd), "FLOP", gpu.bf16_flops, gpu.source),
              Term("optimizer step", params, "parameters", 1 / figures.cpu_adam_s_per_param,
                   f"DeepSpeedCPUAdam measured here: {figures.cpu_adam_s_per_param * 1e9:.3g} ns a parameter")]
     if offload_optimizer or offload_param:
-        moved = counts.offload_moved(params, 1, True, offload_param, b)
+        moved = counts.offload_moved(params, 1, True, offload_param, b, stage=3 if offload_param else 2, master=b)
         terms.append(Term("offload copies", 2 * (moved["to host"] + moved["to device"]), "B", figures.copy_bytes_s,
                           gpu.host_link.source))
     if nvme:
-        moved = counts.nvme_moved(params, 1, offload_param, swap_b)
+        moved = counts.nvme_moved(params, 1, offload_param, swap_b, master=b, max_in_cpu=0)   # 16's keys: max_in_cpu 0
         terms.append(Term("NVMe", moved["read"], "B", figures.disk_read_bytes_s,
                           f"async_io read measured here: {figures.disk_read_bytes_s / 1e9:.3g} GB/s"))
         terms.append(Term("NVMe write", moved["write"], "B", figures.disk_write_bytes_s,

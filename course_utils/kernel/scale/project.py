@@ -68,6 +68,21 @@ class Projection:
                 "terms": [{**asdict(t), "seconds": t.seconds} for t in self.terms]}
 
 
+def terms_table(projections: list[Projection]):
+    """Every term of every projection: its count, the rate it is divided by and where that rate comes from."""
+    import pandas as pd
+
+    return pd.concat({(p.hardware, p.label): p.frame() for p in projections}, names=["projected on", "step", "term"])
+
+
+def assumptions_line(projections: list[Projection]) -> str:
+    """The assumptions the projections share, in one line (those that differ are in the tables)."""
+    first = projections[0].assumptions
+    same = {k: v for k, v in first.items()
+            if v is not None and all(p.assumptions.get(k) == v for p in projections[1:])}
+    return "assumed: " + "; ".join(f"{k} {v}" for k, v in same.items())
+
+
 def compute_term(flops: float, gpu: specs.Gpu, mfu: float = MFU) -> Term:
     return Term("compute", flops, "FLOP", gpu.bf16_flops * mfu,
                 f"{gpu.bf16_flops / 1e12:g} TFLOP/s bf16 peak × MFU {mfu:g} ({gpu.name})")
@@ -84,13 +99,15 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
          frozen_share: float = 0.0, trainable: float | None = None, mfu: float = MFU,
          efficiency: float = LINK_EFFICIENCY, host_cores: int = HOST_CORES_PER_GPU,
          cpu_adam_s_per_param_core: float | None = None, drive: specs.Drive | None = None,
-         gpus_per_node: int = 8, label: str = "") -> Projection:
+         max_in_cpu: float = 1e9, gpus_per_node: int = 8, label: str = "") -> Projection:
     """One optimizer step of ``model`` on ``gpus`` × ``gpu`` at a ZeRO stage, bf16 mixed precision, ``tokens_per_gpu``
     tokens each (default: one sample of the model's sequence length).
 
     ``trainable``: parameters with gradients and optimizer states (LoRA: the adapters; default all); ``frozen_share``:
     the share of the backward's weight-gradient work skipped (1.0 for a frozen base). ``cpu_adam_s_per_param_core``:
-    DeepSpeedCPUAdam's seconds per parameter on one core, measured by :mod:`.machine` (needed with offload)."""
+    DeepSpeedCPUAdam's seconds per parameter on one core, measured by :mod:`.machine` (needed with offload).
+    ``max_in_cpu``: with ``nvme``, the parameter elements per GPU kept in host memory (``offload_param.max_in_cpu``,
+    DeepSpeed's default 1e9); only the rest are read from the drive."""
     gpu = specs.gpu(gpu) if isinstance(gpu, str) else gpu
     tokens = tokens_per_gpu or model.tokens_per_sample
     psi = float(model.params)
@@ -104,7 +121,7 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
             sent += 2 * (gpus - 1) / gpus * (psi - train) * 2
         terms.append(link_term("collectives", sent, link, efficiency, overlaps_compute=True))
     if offload_optimizer or offload_param:
-        moved = counts.offload_moved(train, gpus, offload_optimizer or nvme, offload_param)
+        moved = counts.offload_moved(train, gpus, offload_optimizer or nvme, offload_param, stage=stage)
         terms.append(link_term("offload transfers", moved["to host"] + moved["to device"], gpu.host_link, efficiency))
         if cpu_adam_s_per_param_core is None:
             raise ValueError("an offloaded optimizer step needs DeepSpeedCPUAdam's measured rate: "
@@ -114,7 +131,7 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
                           f"one core, × {host_cores} host cores"))
     if nvme:
         drive = drive or specs.drive()
-        moved = counts.nvme_moved(train, gpus, offload_param)
+        moved = counts.nvme_moved(train, gpus, offload_param, max_in_cpu=max_in_cpu)
         terms.append(Term("NVMe", moved["read"], "B", drive.read_bytes_s, f"{drive.name}: read {drive.read_bytes_s / 1e9:g} GB/s"))
         terms.append(Term("NVMe write", moved["write"], "B", drive.write_bytes_s,
                           f"{drive.name}: write {drive.write_bytes_s / 1e9:g} GB/s"))
@@ -128,8 +145,9 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
     where = "host" if offload_param else "device"
     memory = {side: sum(v[side] for v in states.values()) + (frozen if where == side else 0.0)
               for side in ("device", "host")}
-    if nvme:
-        memory["nvme"], memory["host"] = memory["host"], 0.0
+    if nvme:     # the 16-bit parameters up to max_in_cpu stay in host memory, the rest of the host side goes to the drive
+        kept = min(train / gpus, max_in_cpu) * 2 if offload_param else 0.0
+        memory["nvme"], memory["host"] = memory["host"] - kept, kept
     assumptions = {"MFU": mfu, "link efficiency": efficiency, "tokens per GPU": tokens, "stage": stage,
                    "GPUs": gpus, "host cores per GPU": host_cores if (offload_optimizer or offload_param) else None,
                    "recompute": recompute, "overlap": "collectives hidden behind compute; offload, CPU Adam and NVMe "
