@@ -46,6 +46,9 @@ def check_real_scale(m: dict) -> None:
     assert 0 < f["cpu_adam_s_per_param_core"] == pytest.approx(f["cpu_adam_s_per_param"] * f["threads"])
     assert not (paths.build_dir() / "nvme" / "16_machine").exists(), "the disk probe's file and folder are removed"
     trained = [r for r in m["configurations"] if r["largest"]]
+    checked = {r["configuration"] for r in trained} & {"ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)"}
+    assert len(m["scale_agreement"]) == 2 * len(checked) + ("ZeRO-3 + offload (CPU)" in checked)
+    assert all(row["within"] for row in m["scale_agreement"]), m["scale_agreement"]
     assert [t["configuration"] for t in m["toy_projections"]] == [r["configuration"] for r in trained]
     for t, r in zip(m["toy_projections"], trained):      # projected and measured recorded side by side, not asserted
         assert t["measured s/step"] == r["step_seconds"] and t["projected s/step"] > 0

@@ -131,3 +131,23 @@ def toy_projections(outcomes, figures) -> list[dict]:
                      "others' cores meanwhile": best.extra.get("others_cores", 0.0),
                      **{f"{t.name} s": t.seconds for t in p.terms}, "projection": p.record()})
     return rows
+
+
+# ---------------------------------------------------------------- the counts first, from this notebook's own launches
+
+CHECKED = {"ZeRO-2 + offload_optimizer": "stage 2 + offload", "ZeRO-3 + offload (CPU)": "stage 3 + offload"}
+
+
+def count_check(outcomes) -> list[dict]:
+    """What :func:`.counts.offload_moved` says one rank moves per step between device and host, beside the partitions
+    the largest size of each CPU-offload configuration held after its last backward (notebook 04's check, on this
+    notebook's launches: one rank)."""
+    from course_utils.kernel.scale.offload import offload_agreement
+    from course_utils.kernel.views.bigger import rung
+
+    rows = []
+    for o in outcomes:
+        if o.configuration in CHECKED and o.largest is not None:
+            for row in offload_agreement({CHECKED[o.configuration]: rung(o.largest)}, o.largest.params, 1, []):
+                rows.append({**row, "count": f"{o.configuration}, {o.largest.size}: {row['count'].split(': ', 1)[1]}"})
+    return rows
