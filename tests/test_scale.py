@@ -103,6 +103,10 @@ def test_the_projection_exercise_takes_a_worked_answer_and_refuses_a_copier_and_
         return project.step(models.size("GPT-2 XL"), "A100 40 GB", 8)
     assert "yourself" in one_gpu.exercise_problem(by_hand(), calls_the_course)
 
+    def reads_the_check():
+        return one_gpu._course(one_gpu.SCENARIO)
+    assert "yourself" in one_gpu.exercise_problem(reads_the_check(), reads_the_check)
+
 
 def test_an_8b_model_on_one_24gb_gpu():
     rows, projections = one_gpu.eight_b_on_24gb(4e-9)

@@ -20,7 +20,8 @@ from course_utils.rank.scaffolding import load_config, load_exercise, parse_args
 
 SCRIPTS = sorted(p.stem for p in paths.SCRIPTS.glob("[0-9]*.py"))
 REQUIRED = {"01_ring": ["--ring_file", "ring.py"], "09_checkpoints": ["--mode", "train", "--out", "o"],
-            "10_translation": ["--output_dir", "o"], "05_out_of_memory": ["--cgroup_procs", "x"]}
+            "10_translation": ["--output_dir", "o"], "05_out_of_memory": ["--cgroup_procs", "x"],
+            "16_this_machine": ["--swap_dir", "x"]}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

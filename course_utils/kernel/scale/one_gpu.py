@@ -78,6 +78,8 @@ def eight_b_on_24gb(cpu_adam_s_per_param_core: float, gpu_name: str = "RTX 4090 
 SCENARIO = dict(model="GPT-2 XL", gpu="A100 40 GB", gpus=8, stage=2, tokens_per_gpu=8 * 1024, mfu=0.45)
 TOLERANCE = 0.10
 KEYS = ("device_gb", "step_seconds")
+# what a function that only copies the course's projection would call (the check refuses it)
+COURSE_PROJECTIONS = ("project.", "_course", "exercise_problem", "eight_b_on_24gb", "toy_projections", "machine.")
 
 
 def _course(scenario: dict) -> dict:
@@ -92,7 +94,7 @@ def exercise_problem(answer, fn=None, scenario: dict = SCENARIO) -> str | None:
     source may not call the course's projection (the point is to know which counts make a step)."""
     if fn is not None:
         source = inspect.getsource(fn)
-        if "project.step" in source or "scale.project" in source or "eight_b_on_24gb" in source:
+        if any(name in source for name in COURSE_PROJECTIONS):
             return "your function calls the course's projection: work the counts out yourself"
     if not isinstance(answer, dict) or set(KEYS) - set(answer):
         return f"return a dict with the keys {', '.join(KEYS)}"
