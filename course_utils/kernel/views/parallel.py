@@ -189,7 +189,7 @@ def ulysses_rows(*record_sets: list[dict]) -> list[dict]:
 def autotp_rows(records: list[dict]) -> list[dict]:
     return [{"model": t.model, "ran": not t.error, "weights split": len(t.split), "kept whole": len(t.kept),
              "rank bytes / whole": round(t.rank_bytes / t.whole_bytes, 3) if t.rank_bytes else None,
-             "logits max |diff|": t.max_abs_diff if not t.error else None, "DeepSpeed said": t.error[:90]}
+             "logits max |diff|": t.max_abs_diff if not t.error else None, "DeepSpeed said": t.error.strip().splitlines()[0] if t.error else ""}
             for t in read_as(records, TensorParallel)]
 
 
