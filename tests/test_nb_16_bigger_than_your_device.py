@@ -121,8 +121,9 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
 
 
 def check_gpu(rows: dict, m: dict) -> None:
-    """On a GPU (the lead's H100 run): the CUDA allocator is capped; no ZeRO fails with torch's OutOfMemoryError at the
-    size it fails at on a CPU (16 B/parameter either way), while offloading to the host trains bigger models."""
+    """On a GPU (what a GPU run must show; none has run this notebook yet): the CUDA allocator is capped; no ZeRO
+    fails with torch's OutOfMemoryError at the size it fails at on a CPU (16 B/parameter either way), while
+    offloading to the host trains bigger models."""
     cap = m["cap_mb"] * MiB
     for r in rows.values():
         assert r["limit"] == "cuda" and all(v != "failed" for v in r["sizes"].values()), r["error"]
