@@ -25,7 +25,7 @@ def measure(swap_dir, timeout: int = 300) -> MachineFigures:
 
 def as_gpu(figures: MachineFigures, name: str = "this machine") -> specs.Gpu:
     """This machine as a table row: the measured matmul rate for "peak", the measured copy rate for every link."""
-    copy = specs.Link(f"memory copy here", figures.copy_bytes_s / 2,
+    copy = specs.Link("memory copy here", figures.copy_bytes_s / 2,
                       f"measured here: {figures.copy_bytes_s / 1e9:.3g} GB/s read + written")
     return specs.Gpu(name, figures.matmul_flops_s, 0.0, figures.copy_bytes_s, copy, copy,
                      f"measured here: fp32 matmul {figures.matmul_n}² on {figures.threads} threads")

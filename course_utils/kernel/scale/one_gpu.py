@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 
-from course_utils.kernel.planning import estimator_rows
 from course_utils.kernel.scale import models, project, specs
 
 LORA_RANK = 16
@@ -22,49 +21,39 @@ def lora_params(name: str, rank: int = LORA_RANK, targets: tuple = LORA_TARGETS)
                if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets)
 
 
-def checkpointed_activations(size: models.Size, tokens: int, b: int = 2) -> float:
-    """Activation bytes kept for backward with every block checkpointed: each block's input (tokens × hidden, 16-bit)."""
-    return size.layers * tokens * size.hidden * b
-
-
-def estimates(size: models.Size) -> dict:
-    """DeepSpeed's estimators for one GPU (bytes on the GPU and on the host), keyed by configuration."""
-    rows = estimator_rows(size.params, size.largest_layer, 1, 1)
-
-    def pick(stage, opt, par):
-        return next(r for r in rows if r["stage"] == stage and r["offload_optimizer"] == opt
-                    and r["offload_param"] == par and r["zero_init"] in (None, True))
-    return {"ZeRO-2 + offload_optimizer": pick(2, True, False), "ZeRO-3 + offload (CPU)": pick(3, True, True)}
-
-
 def eight_b_on_24gb(cpu_adam_s_per_param_core: float, gpu_name: str = "RTX 4090 24 GB",
                     model: str = "Llama-3-8B shape", tokens: int = 4096, host_cores: int = project.HOST_CORES_PER_GPU):
-    """Full fine-tuning with ZeRO-Offload (CPU and NVMe) against LoRA on a frozen bf16 base, on one GPU: what each keeps
-    on the GPU and on the host, whether it fits, and a step projected on that GPU. Returns (rows, projections)."""
-    size, gpu = models.size(model), specs.gpu(gpu_name)
-    acts = checkpointed_activations(size, tokens)
-    est = estimates(size)
+    """Full fine-tuning with notebook 16's configurations (without ZeRO, ZeRO-Offload to CPU and NVMe) against LoRA on
+    a frozen bf16 base, on one GPU: what each keeps on the GPU and on the host, whether it fits, and a step projected
+    on that GPU. Activations and the recompute are notebook 11's (:func:`.compute.kept_per_token` of a checkpointed
+    bf16 model, :func:`.compute.blocks_share` with transformers' early stop); what DeepSpeed keeps on the GPU is its
+    estimators' reading for each configuration (:func:`course_utils.kernel.views.bigger.estimate`). Returns (rows,
+    projections)."""
+    from course_utils.common.records.bigger import CONFIGURATIONS
+    from course_utils.common.zero_rules import offload_flags
+    from course_utils.kernel.scale import compute
+    from course_utils.kernel.views.bigger import estimate
+
+    size, gpu, dec = models.size(model), specs.gpu(gpu_name), compute.real(model)
+    acts = compute.kept_per_token(dec, compute.BF16, checkpointed=True)["total"] * tokens
+    recompute = compute.blocks_share(dec, size.tokens_per_sample, early_stop=True)
     lora = lora_params(model)
-    cases = {
-        "no ZeRO": dict(stage=0),
-        "ZeRO-2 + offload_optimizer": dict(stage=2, offload_optimizer=True),
-        "ZeRO-3 + offload (CPU)": dict(stage=3, offload_optimizer=True, offload_param=True),
-        "ZeRO-3 + NVMe": dict(stage=3, offload_optimizer=True, offload_param=True, nvme=True),
-        f"LoRA r={LORA_RANK}, frozen bf16 base": dict(stage=0, trainable=lora, frozen_share=1.0),
-    }
+    cases = {name: dict(zip(("offload_optimizer", "offload_param", "nvme"), offload_flags(keys)), stage=stage)
+             for name, (stage, keys) in CONFIGURATIONS.items()}
+    cases[f"LoRA r={LORA_RANK}, frozen bf16 base"] = dict(stage=0, trainable=lora, frozen_share=1.0)
     rows, projections = [], []
     for name, kw in cases.items():
-        p = project.step(size, gpu, 1, tokens_per_gpu=tokens, recompute=True, host_cores=host_cores,
+        p = project.step(size, gpu, 1, tokens_per_gpu=tokens, recompute=recompute, host_cores=host_cores,
                          cpu_adam_s_per_param_core=cpu_adam_s_per_param_core, label=name, **kw)
         device = p.memory["device"]
         said = "formula (16-bit parameters, gradients, fp32 Adam)"
-        known = est.get(name) or (est["ZeRO-3 + offload (CPU)"] if kw.get("nvme") else None)
-        if known is not None:    # DeepSpeed's own estimate of what stays on the GPU (the largest layer, gathered, at 3)
-            device = known["gpu_bytes"]
-            said = "DeepSpeed's estimator" + (" (of ZeRO-3 + offload: it has no NVMe option)" if kw.get("nvme") else "")
+        if kw.get("offload_optimizer"):  # DeepSpeed's own estimate of what stays on the GPU (ZeRO-3: the largest layer)
+            device = estimate(name, size.params, size.largest_layer)["device"]
+            said = "DeepSpeed's estimator" + (" (of ZeRO-3 + offload: it has no NVMe option)" if kw["nvme"] else "")
         need = device + acts
-        rows.append({"configuration": name, "trainable parameters": kw.get("trainable", size.params), "model states on the GPU GB": device / GB,
-                     "of which says": said, "activations (checkpointed) GB": acts / GB,
+        rows.append({"configuration": name, "trainable parameters": kw.get("trainable", size.params),
+                     "model states on the GPU GB": device / GB, "of which says": said,
+                     "activations (checkpointed) GB": acts / GB,
                      "GPU total GB": need / GB, "fits in GB": gpu.memory_bytes / GB, "fits": need <= gpu.memory_bytes,
                      "host GB": p.memory.get("host", 0.0) / GB, "NVMe GB": p.memory.get("nvme", 0.0) / GB,
                      "projected s/step": p.seconds})
@@ -114,6 +103,7 @@ def toy_projections(outcomes, figures) -> list[dict]:
     """For each configuration's largest size that trained (notebook 16's launches): its measured step time beside the
     step projected on this machine from its own measured figures (:func:`.machine.toy_step`)."""
     from course_utils.common.records.bigger import CONFIGURATIONS, MICRO_BATCH, POSITIONS, SEQ_LEN, SIZES
+    from course_utils.common.zero_rules import offload_flags
     from course_utils.kernel.scale import machine
 
     rows = []
@@ -122,10 +112,7 @@ def toy_projections(outcomes, figures) -> list[dict]:
         if best is None:
             continue
         hidden, layers = SIZES[best.size]
-        keys = CONFIGURATIONS[o.configuration][1]
-        opt = "offload_optimizer" in keys
-        par = "offload_param" in keys
-        nvme = keys.get("offload_param", {}).get("device") == "nvme"
+        opt, par, nvme = offload_flags(CONFIGURATIONS[o.configuration][1])
         p = machine.toy_step(o.configuration, figures, best.params, best.params - POSITIONS * hidden,
                              MICRO_BATCH * SEQ_LEN, layers, hidden, SEQ_LEN, opt, par, nvme)
         rows.append({"configuration": o.configuration, "size": best.size, "measured s/step": best.step_seconds,

@@ -95,7 +95,8 @@ def link_term(name: str, sent: float, link: specs.Link, efficiency: float = LINK
 
 
 def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, tokens_per_gpu: int | None = None,
-         offload_optimizer: bool = False, offload_param: bool = False, nvme: bool = False, recompute: bool = False,
+         offload_optimizer: bool = False, offload_param: bool = False, nvme: bool = False,
+         recompute: bool | float = False,
          frozen_share: float = 0.0, trainable: float | None = None, mfu: float = MFU,
          efficiency: float = LINK_EFFICIENCY, host_cores: int = HOST_CORES_PER_GPU,
          cpu_adam_s_per_param_core: float | None = None, drive: specs.Drive | None = None,
@@ -104,7 +105,9 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
     tokens each (default: one sample of the model's sequence length).
 
     ``trainable``: parameters with gradients and optimizer states (LoRA: the adapters; default all); ``frozen_share``:
-    the share of the backward's weight-gradient work skipped (1.0 for a frozen base). ``cpu_adam_s_per_param_core``:
+    the share of the backward's weight-gradient work skipped (1.0 for a frozen base). ``recompute``: the share of a
+    forward that activation checkpointing runs again (True: all of it). ``nvme`` offloads the optimizer states to the
+    drive (and with ``offload_param`` the parameters), so it implies ``offload_optimizer``. ``cpu_adam_s_per_param_core``:
     DeepSpeedCPUAdam's seconds per parameter on one core, measured by :mod:`.machine` (needed with offload).
     ``max_in_cpu``: with ``nvme``, the parameter elements per GPU kept in host memory (``offload_param.max_in_cpu``,
     DeepSpeed's default 1e9); only the rest are read from the drive."""
@@ -114,14 +117,15 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
     train = psi if trainable is None else float(trainable)
     fwd = counts.forward_flops(model.matmul_params, tokens, model.layers, model.hidden, model.tokens_per_sample)
     terms = [compute_term(counts.step_flops(fwd, recompute, frozen_share), gpu, mfu)]
-    link = gpu.gpu_link if gpus <= gpus_per_node else specs.network()
+    offload_optimizer = offload_optimizer or nvme
     if gpus > 1:
+        link = gpu.gpu_link if gpus <= gpus_per_node else specs.network()
         sent = counts.zero_sent(stage, train, gpus, 2)
         if stage == 3 and train < psi:       # the frozen parameters are gathered too (forward and backward)
             sent += 2 * (gpus - 1) / gpus * (psi - train) * 2
         terms.append(link_term("collectives", sent, link, efficiency, overlaps_compute=True))
     if offload_optimizer or offload_param:
-        moved = counts.offload_moved(train, gpus, offload_optimizer or nvme, offload_param, stage=stage)
+        moved = counts.offload_moved(train, gpus, offload_optimizer, offload_param, stage=stage)
         terms.append(link_term("offload transfers", moved["to host"] + moved["to device"], gpu.host_link, efficiency))
         if cpu_adam_s_per_param_core is None:
             raise ValueError("an offloaded optimizer step needs DeepSpeedCPUAdam's measured rate: "
@@ -132,11 +136,12 @@ def step(model: Size, gpu: specs.Gpu | str, gpus: int = 1, stage: int = 3, token
     if nvme:
         drive = drive or specs.drive()
         moved = counts.nvme_moved(train, gpus, offload_param, max_in_cpu=max_in_cpu)
-        terms.append(Term("NVMe", moved["read"], "B", drive.read_bytes_s, f"{drive.name}: read {drive.read_bytes_s / 1e9:g} GB/s"))
+        terms.append(Term("NVMe", moved["read"], "B", drive.read_bytes_s,
+                          f"{drive.name}: read {drive.read_bytes_s / 1e9:g} GB/s"))
         terms.append(Term("NVMe write", moved["write"], "B", drive.write_bytes_s,
                           f"{drive.name}: write {drive.write_bytes_s / 1e9:g} GB/s"))
     zero = {}
-    if offload_optimizer or nvme:
+    if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if offload_param:
         zero["offload_param"] = {"device": "cpu"}
