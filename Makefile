@@ -7,15 +7,22 @@ STAMP := $(VENV)/.course-setup
 KERNEL := deepspeed-course
 TEST_WORKERS ?= 2
 
-.PHONY: setup ops course test test-gpu lab student release grade catchup bench clean help preflight instructors hub hub-stop
+.PHONY: setup wheelhouse ops course test test-gpu gpu-check lab student release grade catchup bench clean help preflight instructors hub hub-stop
 
 help:
 	@echo "make preflight  before a workshop: will this machine run the course? (no set-up needed)"
 	@echo "make course   set up if needed, run every notebook, write build/report.md"
 	@echo "make test     set up if needed, run the unit tests and every notebook (smoke parameters)"
+	@echo "make wheelhouse [WHEELHOUSE=build/wheelhouse] [WHEEL_PYTHON=3.12] [WHEEL_PLATFORM=manylinux_2_28_x86_64]"
+	@echo "              [WHEEL_EXCLUDE=torch]  wheels for a machine without network (default: this one's Python and"
+	@echo "              platform); there, make setup (or course, test) WHEELHOUSE=<folder> installs from them (README)"
 	@echo "make ops      build every DeepSpeed op the course loads now (course and lab build those set-up left out"
 	@echo "              in the background)"
 	@echo "make test-gpu on a machine with an NVIDIA GPU: the GPU figures (CUDA memory, the fp16 engine, offload)"
+	@echo "make gpu-check BUDGET=<seconds> [WHEELHOUSE=<folder>] [NB=\"00 04\"] [SMOKE=1] [ARCHIVE=1|<folder>]  a GPU machine at"
+	@echo "              hand for minutes: test-gpu, then the notebooks no GPU has run, within the budget; the evidence in"
+	@echo "              reference/gpu/<date>-<gpu>/ (WHEELHOUSE: makes .venv without network, keeping the machine's CUDA torch;"
+	@echo "              ARCHIVE: also <folder>.tar.gz, beside it or in <folder>; COMMIT=<sha>[-dirty] where the copy has no .git)"
 	@echo "make lab      JupyterLab on the course"
 	@echo "make student  student edition (solutions removed) in build/student/"
 	@echo "make release  [NB=\"00 05\"]  nbgrader's student assignments in build/nbgrader/release/ (one per notebook)"
@@ -34,13 +41,23 @@ setup: $(STAMP)
 preflight:
 	@$(PYTHON) -m course_utils.tooling.preflight
 
+# A folder of wheels for `make setup WHEELHOUSE=<folder>` on machines without network (the compute nodes' Python
+# and platform; WHEEL_EXCLUDE: packages they already have). course_utils/tooling/wheelhouse.py says how.
+wheelhouse:
+	$(PYTHON) -m course_utils.tooling.wheelhouse build "$(or $(WHEELHOUSE),build/wheelhouse)" \
+	  $(if $(WHEEL_PYTHON),--python $(WHEEL_PYTHON)) $(if $(WHEEL_PLATFORM),--platform $(WHEEL_PLATFORM)) \
+	  $(if $(WHEEL_EXCLUDE),--exclude $(WHEEL_EXCLUDE))
+
 # Each step prints one line (n of N, about how long) and its time; its output goes to build/setup.log.
 STEP = $(PY) -m course_utils.kernel.progress step
+# WHEELHOUSE=<folder> (made by `make wheelhouse`): the packages come from that folder only, without network.
+PIP_SOURCE = $(if $(WHEELHOUSE),--no-index --find-links "$(abspath $(WHEELHOUSE))")
 
 $(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_utils/kernel/opbuild.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(STEP) packages -- sh -c '$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -r requirements.txt \
-	  && $(PY) -m pip install -q --no-deps -e .'
+	@$(STEP) packages -- sh -c '$(if $(WHEELHOUSE),$(PY) -m course_utils.tooling.wheelhouse check "$(WHEELHOUSE)" && )\
+	  $(PY) -m pip install -q $(PIP_SOURCE) --upgrade pip && $(PY) -m pip install -q $(PIP_SOURCE) -r requirements.txt \
+	  && $(PY) -m pip install -q $(PIP_SOURCE) --no-deps -e .'
 	@# ipykernel stages the kernelspec in a folder of its own under TMPDIR and leaves that folder behind: one to remove
 	@$(STEP) kernel -- sh -c 'tmp=$$(mktemp -d) && TMPDIR=$$tmp $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) \
 	  --display-name "DeepSpeed course (.venv)"; status=$$?; rm -rf "$$tmp"; exit $$status'
@@ -63,6 +80,15 @@ test: ops
 
 test-gpu: ops
 	$(PY) -m pytest -m gpu -p no:xdist
+
+# No set-up first: it starts under the machine's own python3 (its CUDA torch) and makes .venv from WHEELHOUSE only when
+# the course's packages are missing there (course_utils/tooling/gpu_check.py).
+GPU_PYTHON ?= python3
+gpu-check:
+	@test -n "$(BUDGET)" || { echo "usage: make gpu-check BUDGET=<seconds> [WHEELHOUSE=<folder>] [NB=\"00 04\"] [SMOKE=1] [ARCHIVE=1|<folder>] [COMMIT=<sha>]"; exit 2; }
+	$(GPU_PYTHON) -m course_utils.tooling.gpu_check --budget $(BUDGET) $(if $(WHEELHOUSE),--wheelhouse "$(WHEELHOUSE)") \
+	  $(if $(NB),--only $(NB)) $(if $(filter 1,$(SMOKE)),--smoke) $(if $(filter 1,$(ARCHIVE)),--archive,$(if $(ARCHIVE),--archive "$(ARCHIVE)")) \
+	  $(if $(COMMIT),--commit $(COMMIT))
 
 lab: setup
 	$(PY) -m course_utils.kernel.opbuild --background $(VENV)/bin/jupyter lab notebooks/ --KernelManager.transport_encryption=auto

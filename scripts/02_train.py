@@ -196,6 +196,7 @@ def main(argv=None) -> None:
         record("eval_accuracy", accuracy)
         record("train_steps", step)
         record("train_seconds", train_seconds)
+        record("device", device)
 
     if not args.tutorial_loop:
         args.output_dir = args.output_dir or str(run_folder.here() / "checkpoint")

@@ -28,7 +28,7 @@ from course_utils.common import run_folder
 from course_utils.rank import comms, perf
 from course_utils.rank.distributed import time_all_reduce
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
-from course_utils.rank.models import PRESETS, count_parameters, tiny_gpt2
+from course_utils.rank.models import count_parameters, preset, tiny_gpt2
 from course_utils.common.record import record
 from course_utils.common.records.perf import (Activation, FlopsProfile, MicroStep, ModelStates, Recompute, StepTime, Trajectory,
                                               accumulation_config)
@@ -74,7 +74,7 @@ def run_activations(base: dict, seq_lens: list[int], batches: list[int], hidden:
                     repeats: int, timed: list[str], time_at: tuple[int, int] | None) -> None:
     model = tiny_gpt2("zero_lab").to(device)
     model.config.use_cache = False
-    vocab = PRESETS["zero_lab"].vocab_size
+    vocab = preset("zero_lab").vocab_size
     points = [(s, b) for s in seq_lens for b in batches] + [hidden]
     for how in ("off", "hf", "deepspeed"):          # deepspeed.checkpointing at every point but exercise 2's
         perf.set_checkpointing(model, how, base)

@@ -14,6 +14,8 @@ Run from a terminal:
 """
 import argparse
 import gc
+import os
+import resource
 import warnings
 
 import deepspeed
@@ -24,13 +26,14 @@ from transformers import GPT2LMHeadModel
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from course_utils.rank import comms
-from course_utils.common.records.adapters import Activations, AdapterMemory, AdapterState, Losses, Saved, TokenCount
+from course_utils.common.records.adapters import (Activations, AdapterMemory, AdapterState, Losses, OneDevice, Saved,
+                                                  TokenCount)
 from course_utils.rank.adapters import (LORA_R, LORA_TARGETS, PRESET, SampleDataset, adapter_view,
     micro_batch, save_adapter, save_base, saved_activation_bytes, shared_folder, trainable_numel, with_lora, zero3_view)
 from course_utils.rank.data import fixed_batch
 from course_utils.rank.engine import ds_config, release
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
-from course_utils.rank.models import PRESETS, tiny_gpt2
+from course_utils.rank.models import preset, tiny_gpt2
 from course_utils.common.record import record
 from course_utils.common.zero_rules import edge_grad_numel
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, scratch_dir
@@ -42,7 +45,7 @@ LEARNING_RATE = 1e-3      # the course configs' AdamW (configs/zero*.json): lr 1
 def zero_config(stage: int) -> dict:
     """The course config of ``stage`` in fp32; stage 3 keeps parameters of at most 10 × hidden size elements whole,
     the value the Trainer's "auto" gives ``stage3_param_persistence_threshold``."""
-    extra = {"stage3_param_persistence_threshold": 10 * PRESETS[PRESET].n_embd} if stage == 3 else {}
+    extra = {"stage3_param_persistence_threshold": 10 * preset(PRESET).n_embd} if stage == 3 else {}
     return ds_config(stage, "fp32", micro_batch=MICRO, **extra)
 
 
@@ -182,6 +185,81 @@ def trainer_save(trainer) -> None:
     release(trainer.model_wrapped)
 
 
+class StepClock:
+    """A Trainer callback: the wall time of each optimizer step (the device synchronized at both ends)."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                clock.start = synchronized()
+
+            def on_step_end(self, args, state, control, **kw):
+                clock.seconds.append(synchronized() - clock.start)
+        self.seconds, self.start, self.callback = [], 0.0, Callback()
+
+
+def synchronized() -> float:
+    import time
+
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().synchronize()
+    return time.perf_counter()
+
+
+def one_device(configs: list, steps: int) -> None:
+    """One rank: LoRA on the GPT-2 of this launch (the lesson's own, or the GPU size the notebook gave it) through
+    the Trainer with each config and its offload, as a one-GPU user fine-tunes: in bf16 on a GPU (a CPU rank trains in
+    fp32: the Trainer refuses bf16 without a GPU unless told ``use_cpu``, which would leave DeepSpeed out)."""
+    from accelerate.state import AcceleratorState
+    from deepspeed.accelerator import get_accelerator
+    from transformers import Trainer
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from course_utils.common import zero_rules
+    from course_utils.rank.models import SIZE_ENV
+    from course_utils.rank.scaffolding import read_config
+    from course_utils.rank.trainer import training_arguments
+
+    device = get_accelerator().device_name()
+    for path in configs:
+        AcceleratorState._reset_state()
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        targs = training_arguments(output_dir=scratch_dir(), deepspeed=str(path), per_device_train_batch_size=MICRO,
+                                   max_steps=steps, learning_rate=LEARNING_RATE, bf16=device == "cuda", logging_steps=1,
+                                   save_strategy="no", train_sampling_strategy="sequential")
+        model = with_lora(tiny_gpt2(PRESET))
+        clock = StepClock()
+        trainer = Trainer(model=model, args=targs, train_dataset=SampleDataset(steps * MICRO),
+                          callbacks=[clock.callback])
+        for printer in (PrinterCallback, ProgressCallback):
+            trainer.remove_callback(printer)
+        trainer.train()
+        engine = trainer.model_wrapped
+        config = read_config(path)
+        zero = config["zero_optimization"]
+        moves = [k.removeprefix("offload_") for k in zero_rules.OFFLOAD_MOVES if zero.get(k, {}).get("device") == "cpu"]
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        n_trainable, total = trainable_numel(model)
+        record(OneDevice(config=os.path.basename(path), stage=int(zero["stage"]), offload=moves, device=device,
+                         dtype=str(engine.get_data_types()[0]).removeprefix("torch."),
+                         model=os.environ.get(SIZE_ENV) or PRESET, total=total, trainable=n_trainable,
+                         optimizer=type(engine.optimizer.optimizer if hasattr(engine.optimizer, "optimizer")
+                                        else engine.optimizer).__name__,
+                         step_seconds=clock.seconds[1:],
+                         device_peak_reserved=torch.cuda.max_memory_reserved() if device == "cuda" else 0,
+                         host_peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, losses=losses))
+        rank0_print(f"{os.path.basename(path)}: {n_trainable:,} of {total:,} parameters trained on {device}, "
+                    f"loss {losses[0]:.3f} → {losses[-1]:.3f}")
+        release(engine)
+        unset_hf_deepspeed_config()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stages", type=int, nargs="*", default=[0, 2, 3])
@@ -189,12 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also measure at stage 2 an adapter of rank R on these target modules")
     parser.add_argument("--steps", type=int, default=6, help="training steps of each run")
     parser.add_argument("--yours", help="a file defining adapter_state(model), called on every rank after training")
+    parser.add_argument("--one_device", nargs="+", default=None, metavar="CONFIG",
+                        help="only: LoRA through the Trainer on one rank with each of these configs (bf16)")
     return parser
 
 
 def main(argv=None) -> None:
     args = parse_args(build_parser(), argv)
     deepspeed.init_distributed()
+    if args.one_device:
+        one_device(args.one_device, args.steps)
+        return finish()
     base = save_base()
     gc.freeze()       # what the imports made never becomes garbage: the gc.collect calls of DeepSpeed (building and
                       # freeing engines) and of release() then walk only what comes after

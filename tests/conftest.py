@@ -26,7 +26,7 @@ CELL_TIMEOUT = 900   # seconds: far above any smoke cell (each launch has its ow
 # Seconds each notebook's tests take with the smoke parameters on 2 CPU cores (the manifest's smoke_seconds).
 # `make test` runs the tests on two workers (pytest-xdist); starting the longest first keeps both busy to the end.
 SMOKE_SECONDS = manifest.smoke_seconds()
-OTHER_SECONDS = {"test_gpu_machines": 70, "test_slurm": 10, "test_hub": 30, "test_multinode": 40, "test_workshop": 35, "test_launch": 10, "test_own_scripts": 20}   # notebook 08 on a 1-GPU machine, ssh launches, the nbgrader drill, the runner, plain CLI launches
+OTHER_SECONDS = {"test_gpu_machines": 70, "test_slurm": 10, "test_hub": 30, "test_multinode": 40, "test_workshop": 35, "test_launch": 10, "test_own_scripts": 20, "test_gpu_check": 40, "test_one_gpu": 10}   # notebook 08 on a 1-GPU machine, ssh launches, the nbgrader drill, the runner, plain CLI launches
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -35,6 +35,12 @@ def data_dir() -> Path:
     return build_dir() / "data"
 
 
+def reference_dir() -> Path:
+    """Evidence of the course on real GPUs, committed: one folder per ``make gpu-check`` run, ``<date>-<gpu>/``
+    (what each file is: ``reference/gpu/README.md``)."""
+    return ROOT / "reference" / "gpu"
+
+
 def relative(path: Path | str) -> str:
     """``path`` relative to the repository root when it lies inside it (for commands shown to learners)."""
     p = Path(path).resolve()

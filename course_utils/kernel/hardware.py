@@ -25,6 +25,7 @@ class Hardware:
     bf16: bool = True           # bf16 supported by the accelerator
     fp16: bool = True
     simulated: bool = False     # described (COURSE_MACHINE, the tests), not detected: its ranks compute on the CPU
+    gpu_memory_bytes: int = 0   # memory of one GPU (torch's total_memory; a described machine's, from its name)
 
     @property
     def default_procs(self) -> int:
@@ -34,6 +35,11 @@ class Hardware:
     @property
     def is_gpu(self) -> bool:
         return self.gpus > 0
+
+    @property
+    def short(self) -> str:
+        """The machine in a few words: "1 × NVIDIA H100 80GB HBM3", or "no GPU, 2 CPU cores"."""
+        return f"{self.gpus} × {self.gpu_names[0]}" if self.is_gpu else f"no GPU, {self.cpu_cores} CPU cores"
 
     def line(self) -> str:
         """One sentence for the top of a notebook."""
@@ -46,6 +52,56 @@ class Hardware:
         return (f"This machine: no GPU, {self.cpu_cores} CPU cores → {self.default_procs} CPU ranks over "
                 f"{self.backend}. Everything runs for real, only slower; on a GPU machine the same "
                 f"cells run, and the opening box's \"On GPUs\" line says which launches use the GPUs there.")
+
+
+# The share of one GPU's memory the model states of a sized lesson's model may take (16 bytes per parameter: bf16
+# weights and gradients, fp32 master weights and Adam's two moments): the rest holds the lesson's activations, its
+# buffers, and the engines a lesson builds one after another. GPT-2: on a 24 GB card GPT-2 small, on an 80 GB one
+# GPT-2 medium, on a 141 GB one GPT-2 large; T5 (notebook 10): small, base, large.
+SIZED_SHARE, SIZED_SHARE_WORDS = 1 / 8, "an eighth"
+FAMILY_NAMES = {"gpt2": "GPT-2", "t5": "T5"}
+STATE_BYTES_PER_PARAM = 16
+
+
+def families() -> dict[str, dict]:
+    """The published shapes a sized lesson may train, per model family, smallest first (each with ``params``)."""
+    from course_utils.rank.models import GPU_SIZES
+    from course_utils.rank.translation import T5_SIZES
+
+    return {"gpt2": GPU_SIZES, "t5": T5_SIZES}
+
+
+def model_size(hw: Hardware, family: str = "gpt2") -> str | None:
+    """The model a lesson whose point is speed or memory trains on ``hw``'s GPU: the largest of ``family``'s sizes
+    (:func:`families`: GPT-2 small, medium, large; T5 small, base, large) whose model states fit :data:`SIZED_SHARE`
+    of one GPU's memory; None on a CPU (the lesson's own tiny model) or on a GPU too small for the smallest."""
+    if not hw.is_gpu:
+        return None
+    fits = [name for name, p in families()[family].items()
+            if p.params * STATE_BYTES_PER_PARAM <= hw.gpu_memory_bytes * SIZED_SHARE]
+    return fits[-1] if fits else None
+
+
+def sized_env(hw: Hardware, family: str = "gpt2") -> dict[str, str]:
+    """The environment of a launch sized for ``hw`` (every model of ``family`` its ranks build has :func:`model_size`'s
+    shape); empty where the lesson keeps its own model. Give it only to a launch that runs on the GPU."""
+    from course_utils.rank.models import SIZE_ENV
+
+    size = model_size(hw, family)
+    return {SIZE_ENV: size} if size else {}
+
+
+def size_line(hw: Hardware, lesson_model: str, family: str = "gpt2") -> str:
+    """One sentence: which model this machine's sized launches train, and why."""
+    size = model_size(hw, family)
+    if size is None:
+        where = "no GPU" if not hw.is_gpu else f"a GPU of {hw.gpu_memory_bytes / 1e9:.0f} GB"
+        return f"Model: {lesson_model} ({where}: the lesson's own size)."
+    p = families()[family][size]
+    return (f"Model: {size} shape ({p.params / 1e6:.0f} M parameters), the largest of {FAMILY_NAMES[family]}'s "
+            f"published sizes whose model states ({STATE_BYTES_PER_PARAM} bytes per parameter) take at most "
+            f"{SIZED_SHARE_WORDS} of this {hw.gpu_names[0]}'s {hw.gpu_memory_bytes / 1e9:.0f} GB, in place of "
+            f"{lesson_model}: on a GPU the lesson's own model would leave the device idle.")
 
 
 @dataclass(frozen=True)
@@ -135,11 +191,16 @@ def use_readable_arch_list(environ: dict | None = None) -> str | None:
     return line
 
 
-def describe(gpus: int, name: str = "NVIDIA H100 80GB HBM3", cores: int = 16) -> Hardware:
+def describe(gpus: int, name: str = "NVIDIA H100 80GB HBM3", cores: int = 16, memory_gb: float | None = None) -> Hardware:
     """A machine as data: ``gpus`` × ``name`` and ``cores`` CPU cores (the tests' 1-, 2- and 8-GPU machines, and
-    what ``COURSE_MACHINE`` describes)."""
+    what ``COURSE_MACHINE`` describes); each GPU's memory is ``memory_gb`` (10⁹ bytes), else the course's hardware
+    table's for the GPU ``name`` names (:func:`course_utils.kernel.scale.specs.named_by`)."""
+    from course_utils.kernel.scale import specs
+
+    if gpus and memory_gb is None:
+        memory_gb = specs.named_by(name).memory_bytes / specs.GB
     return Hardware(accelerator="cuda" if gpus else "cpu", gpus=gpus, gpu_names=(name,) * gpus, cpu_cores=cores,
-                    backend="nccl" if gpus else "gloo", simulated=True)
+                    backend="nccl" if gpus else "gloo", simulated=True, gpu_memory_bytes=int((memory_gb or 0) * 1e9))
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,7 +220,7 @@ def detect() -> Hardware:
     if machine is not None:      # nothing here to compute on but the CPU: DeepSpeed in this process uses it, quietly
         os.environ.setdefault(devices.ACCELERATOR_ENV, "cpu")
         return describe(int(machine["gpus"]), cores=int(machine.get("cores", os.cpu_count() or 1)),
-                        **{"name": machine["name"]} if "name" in machine else {})
+                        **{k: machine[k] for k in ("name", "memory_gb") if k in machine})
     import torch
 
     if not torch.cuda.is_available():      # skip DeepSpeed's probing (and its warning) on a CPU machine
@@ -177,6 +238,7 @@ def detect() -> Hardware:
         backend=acc.communication_backend_name(),
         bf16=bool(acc.is_bf16_supported()),
         fp16=bool(acc.is_fp16_supported()),
+        gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory if gpus else 0,
     )
 
 

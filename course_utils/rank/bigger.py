@@ -120,12 +120,15 @@ def apply_limit(cap_bytes: int, cgroup_procs: str | None) -> Limit:
 
 
 def limit_peak(limit: Limit, cgroup_procs: str | None) -> int:
-    """The most the limit counted for the size just trained."""
+    """The most the limit counted for the size just trained: the cgroup's peak on a CPU; on a GPU the peak of what the
+    capped allocator reserved, not of what tensors held (``set_per_process_memory_fraction`` bounds the segments the
+    caching allocator takes with cudaMalloc, ``c10/cuda/CUDACachingAllocator.cpp``: a size fails when its reserved
+    memory, fragmentation included, would pass the limit)."""
     from course_utils.rank.engine import accelerator_bytes
 
     if limit.kind == "cgroup":
         return peak(cgroup_procs)
-    return accelerator_bytes()["peak"] if limit.kind == "cuda" else 0
+    return accelerator_bytes()["reserved_peak"] if limit.kind == "cuda" else 0
 
 
 def start_peak(limit: Limit, cgroup_procs: str | None) -> None:

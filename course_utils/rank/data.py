@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from course_utils.common import paths
-from course_utils.rank.models import PRESETS
+from course_utils.rank.models import preset
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 EMOTION_LABELS = ["other", "like", "sadness", "disgust", "anger", "happiness"]
@@ -158,7 +158,7 @@ def sample(index: int):
     ``tiny_gpt2("checkpoints")`` (learnable)."""
     import torch
 
-    p = PRESETS["checkpoints"]
+    p = preset("checkpoints")
     g = torch.Generator().manual_seed(index)
     start, stride = torch.randint(0, p.vocab_size, (2,), generator=g).tolist()
     return (start + (stride % 7 + 1) * torch.arange(p.seq_len)) % p.vocab_size
@@ -196,7 +196,7 @@ def counting_dataset(rows: int = 64, seed: int = 0):
     import numpy as np
     from datasets import Dataset
 
-    p = PRESETS["trainer"]
+    p = preset("trainer")
     starts = np.random.default_rng(seed).integers(0, p.vocab_size, rows)
     ids = [[(int(s) + i) % p.vocab_size for i in range(p.seq_len)] for s in starts]
     return Dataset.from_dict({"input_ids": ids, "labels": ids}).with_format("torch")

@@ -11,7 +11,7 @@ import gc
 from typing import Any
 
 from course_utils.common import paths
-from course_utils.rank.models import PRESETS
+from course_utils.rank.models import preset
 from course_utils.rank.scaffolding import read_config
 
 
@@ -43,7 +43,7 @@ def batch(engine, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed + engine.global_rank)
     vocab = engine.module.config.vocab_size
-    ids = torch.randint(0, vocab, (engine.train_micro_batch_size_per_gpu(), PRESETS["zero_lab"].seq_len), generator=g)
+    ids = torch.randint(0, vocab, (engine.train_micro_batch_size_per_gpu(), preset("zero_lab").seq_len), generator=g)
     return ids.to(engine.device)
 
 
@@ -64,11 +64,14 @@ def _device_accelerator():
 
 
 def accelerator_bytes() -> dict[str, int]:
-    """Allocated / peak bytes on the accelerator (0 on a CPU-only machine)."""
+    """Allocated / peak bytes on the accelerator (0 on a CPU-only machine): what tensors hold, and the peak of what the
+    caching allocator reserved from the device (``reserved_peak``: the segments it holds, tensors or not, which is what
+    a memory fraction caps and what ``nvidia-smi`` sees of the process)."""
     acc = _device_accelerator()
     if acc is None:
-        return {"allocated": 0, "peak": 0}
-    return {"allocated": int(acc.memory_allocated()), "peak": int(acc.max_memory_allocated())}
+        return {"allocated": 0, "peak": 0, "reserved_peak": 0}
+    return {"allocated": int(acc.memory_allocated()), "peak": int(acc.max_memory_allocated()),
+            "reserved_peak": int(acc.max_memory_reserved())}
 
 
 def reset_accelerator_peak() -> None:

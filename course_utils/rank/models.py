@@ -23,6 +23,14 @@ class GPT2Preset:
     special_token_id: int | None = None  # bos/eos inside the small vocabulary (GPT-2's 50256 lies outside)
     purpose: str = ""
 
+    @property
+    def params(self) -> int:
+        """Parameters of a ``GPT2LMHeadModel`` of this shape (the output layer shares the embedding's weight): token
+        and position embeddings, per block two LayerNorms (4d), attention (4d² + 4d) and the MLP (8d² + 5d), and the
+        final LayerNorm."""
+        d = self.n_embd
+        return (self.vocab_size + self.n_positions) * d + self.n_layer * (12 * d * d + 13 * d) + 2 * d
+
 
 PRESETS = {
     "zero_lab": GPT2Preset(8192, 128, 384, 6, 6, seq_len=32, dropout=0.0, special_token_id=8191,
@@ -34,15 +42,45 @@ PRESETS = {
 }
 
 
-def tiny_gpt2(preset: str, seed: int = 0):
-    """A ``GPT2LMHeadModel`` of preset ``preset`` with random weights from ``seed`` (``gpt2`` is
-    50257/1024/768/12/12): the same seed gives the same weights on every rank."""
+# GPT-2's own shapes (``gpt2``, ``gpt2-medium``, ``gpt2-large``: vocabulary 50257, 1024 positions), built from configs
+# like the tiny ones, smallest first: what a lesson whose point is speed or memory trains on a GPU, so that the device is
+# busy and the trade-offs show (``course_utils.kernel.hardware.model_size`` picks one for the machine)
+GPU_SIZES = {
+    "gpt2": GPT2Preset(50257, 1024, 768, 12, 12, seq_len=512, dropout=0.0, special_token_id=50256,
+                       purpose="GPT-2 small, ~124 M parameters"),
+    "gpt2-medium": GPT2Preset(50257, 1024, 1024, 24, 16, seq_len=512, dropout=0.0, special_token_id=50256,
+                              purpose="GPT-2 medium, ~355 M parameters"),
+    "gpt2-large": GPT2Preset(50257, 1024, 1280, 36, 20, seq_len=512, dropout=0.0, special_token_id=50256,
+                             purpose="GPT-2 large, ~774 M parameters"),
+}
+SIZE_ENV = "COURSE_MODEL_SIZE"    # set by a notebook for the launches it sizes for a GPU (``hardware.sized_env``)
+
+
+def preset(name: str, size: str | None = None) -> GPT2Preset:
+    """The preset a rank builds for ``name``: the course's tiny one, or the GPU size ``size`` names, else the one its
+    launch was given (``COURSE_MODEL_SIZE``, one of :data:`GPU_SIZES`), whichever preset the script asks for. A
+    notebook passes ``size`` (``hardware.model_size``) to count what its sized launch builds."""
+    import os
+
+    if name not in PRESETS:
+        raise KeyError(f"No GPT-2 preset {name!r}; the course has {sorted(PRESETS)}")
+    size = size or os.environ.get(SIZE_ENV)
+    if not size:
+        return PRESETS[name]
+    if size not in GPU_SIZES:
+        raise KeyError(f"{SIZE_ENV}={size!r} names no GPU size; the course has {sorted(GPU_SIZES)}")
+    return GPU_SIZES[size]
+
+
+def tiny_gpt2(name: str, seed: int = 0, size: str | None = None):
+    """A ``GPT2LMHeadModel`` of preset ``name`` with random weights from ``seed`` (``gpt2`` is
+    50257/1024/768/12/12): the same seed gives the same weights on every rank. In a launch sized for a GPU
+    (:func:`preset`), or given ``size``, it has that GPU size's shape (build it under ``torch.device("meta")`` to count
+    it without the memory)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    if preset not in PRESETS:
-        raise KeyError(f"No GPT-2 preset {preset!r}; the course has {sorted(PRESETS)}")
-    p = PRESETS[preset]
+    p = preset(name, size)
     extra = {}
     if p.dropout is not None:
         extra.update(resid_pdrop=p.dropout, embd_pdrop=p.dropout, attn_pdrop=p.dropout)

@@ -138,15 +138,52 @@ def prepare(train: int = 6000, test: int = 200, seed: int = 0, folder: Path | No
     return folder
 
 
-def tiny_t5(tokenizer, seed: int = 0, d_model: int = 128, layers: int = 2, heads: int = 16, d_ff: int | None = None):
-    """A small T5 (encoder-decoder) from a config, sized for the synthetic task; same weights for a seed.
+@dataclass(frozen=True)
+class T5Shape:
+    """A published T5's shape (heads of 64 dimensions), built from a config with the local tokenizer."""
+    d_model: int
+    layers: int
+    heads: int
+    d_ff: int
+
+    @property
+    def params(self) -> int:
+        """Its parameters with T5's own vocabulary (32,128; the local one is smaller, so the model built here has
+        fewer): the shared embedding, per encoder block self-attention (4·d·inner), the feed-forward (2·d·d_ff) and two
+        layer norms, per decoder block self- and cross-attention, the feed-forward and three, each stack's relative
+        position bias (32 buckets × heads) and final layer norm."""
+        d, inner = self.d_model, 64 * self.heads
+        encoder = self.layers * (4 * d * inner + 2 * d * self.d_ff + 2 * d)
+        decoder = self.layers * (8 * d * inner + 2 * d * self.d_ff + 3 * d)
+        return 32128 * d + encoder + decoder + 2 * (32 * self.heads + d)
+
+
+# What a GPU trains in place of the tiny T5 (``course_utils.kernel.hardware.model_size(hw, "t5")`` picks one)
+T5_SIZES = {"t5-small": T5Shape(512, 6, 8, 2048), "t5-base": T5Shape(768, 12, 12, 3072),
+            "t5-large": T5Shape(1024, 24, 16, 4096)}
+
+
+def tiny_t5(tokenizer, seed: int = 0, d_model: int = 128, layers: int = 2, heads: int = 16, d_ff: int | None = None,
+            size: str | None = None):
+    """A small T5 (encoder-decoder) from a config, sized for the synthetic task; same weights for a seed. ``size`` (or,
+    in a launch sized for a GPU, ``COURSE_MODEL_SIZE``), one of :data:`T5_SIZES`: that shape instead.
 
     Many narrow heads: T5 knows positions only through a learned bias per head and relative distance, and finding
     which noun phrase is the subject (before the verb) and which the object takes several such distance patterns;
     with 16 heads of 8 dimensions the tiny model learns the order far sooner than with 4 heads of 32."""
+    import os
+
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
+    from course_utils.rank.models import SIZE_ENV
+
+    size = size or os.environ.get(SIZE_ENV)
+    if size:
+        if size not in T5_SIZES:
+            raise KeyError(f"No T5 size {size!r}; the course has {sorted(T5_SIZES)}")
+        shape = T5_SIZES[size]
+        d_model, layers, heads, d_ff = shape.d_model, shape.layers, shape.heads, shape.d_ff
     torch.manual_seed(seed)
     config = T5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=d_model // heads, d_ff=d_ff or 2 * d_model,
                       num_layers=layers, num_decoder_layers=layers, num_heads=heads, dropout_rate=0.0,

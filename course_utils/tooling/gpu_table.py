@@ -21,6 +21,7 @@ import nbformat
 from course_utils.common import devices, paths
 from course_utils.kernel import hardware
 from course_utils.kernel.launch.options import LAUNCHES_ATTRIBUTE
+from course_utils.rank.models import SIZE_ENV
 from course_utils.tooling.nbtools import opening_box_drift
 
 MACHINES = (1, 2, 8)
@@ -118,12 +119,13 @@ def _runs(conditions: list, names: dict) -> bool:
     return True
 
 
-def launches(notebook: Path, hw: hardware.Hardware) -> list[tuple[str, int]]:
-    """(``"GPU"`` or ``"CPU"``, ranks) of each launch of ``notebook`` on the machine ``hw``."""
+def launches(notebook: Path, hw: hardware.Hardware, sized: bool = False) -> list[tuple]:
+    """(``"GPU"`` or ``"CPU"``, ranks) of each launch of ``notebook`` on the machine ``hw``; with ``sized``, a third
+    item: the GPT-2 size its ``env`` gives the ranks (``hardware.sized_env``), or ``""``."""
     calls, assignments = _launch_calls(notebook)
     told = SimpleNamespace(hardware=hw)
     course = SimpleNamespace(hardware=SimpleNamespace(detect=lambda: hw, placement=hardware.placement,
-                                                      cpu_ranks_env=hardware.cpu_ranks_env))
+                                                      cpu_ranks_env=hardware.cpu_ranks_env, sized_env=hardware.sized_env))
     names = _Names(assignments, {"nb": told, "cu": course, "max": max, "min": min})
     out = []
     for call, conditions, declared in calls:
@@ -141,24 +143,28 @@ def launches(notebook: Path, hw: hardware.Hardware) -> list[tuple[str, int]]:
         place = hardware.placement(hw, given.get("procs"), given.get("min_ranks"), nodes)
         env = given.get("env") or {}
         cpu = place.cpu_on_gpu_machine or env.get(devices.ACCELERATOR_ENV) == "cpu"
-        out.append(("CPU" if cpu else "GPU", place.procs * nodes))
+        where = ("CPU" if cpu else "GPU", place.procs * nodes)
+        out.append((*where, env.get(SIZE_ENV, "")) if sized else where)
     return out
 
 
-def describe_row(found: list[tuple[str, int]]) -> str:
-    """``"1 launch on 1 GPU, 2 on 2 CPU ranks"``: how many launches run where."""
+def describe_row(found: list[tuple]) -> str:
+    """``"1 launch on 1 GPU, 2 on 2 CPU ranks"``: how many launches run where (and, for launches sized for the GPU,
+    on which GPT-2: ``"1 launch on 1 GPU (gpt2-medium)"``)."""
     if not found:
         return "no DeepSpeed launch (its Slurm cluster's ranks compute on the CPU)"
     parts = []
-    for (where, ranks), n in sorted(Counter(found).items(), key=lambda item: (item[0][0] != "GPU", item[0][1])):
+    for (where, ranks, *sized), n in sorted(Counter(found).items(), key=lambda item: (item[0][0] != "GPU", item[0][1:])):
+        size = sized[0] if sized else ""
         unit = ("GPU" if ranks == 1 else "GPUs") if where == "GPU" else ("CPU rank" if ranks == 1 else "CPU ranks")
+        unit += f" ({size})" if size else ""
         count = f"{n} launch{'es' if n > 1 else ''}" if not parts else str(n)
         parts.append(f"{count} on {ranks} {unit}")
     return ", ".join(parts)
 
 
 def notebook_rows(notebook: Path) -> dict[int, str]:
-    return {gpus: describe_row(launches(notebook, hardware.describe(gpus))) for gpus in MACHINES}
+    return {gpus: describe_row(launches(notebook, hardware.describe(gpus), sized=True)) for gpus in MACHINES}
 
 
 def readme_gpu_table(notebooks: Path = paths.NOTEBOOKS) -> str:

@@ -76,3 +76,21 @@ class Saved(Record, name="adapter_saved"):
     label: str
     folder: str
     warnings: list
+
+
+@dataclass
+class OneDevice(Record, name="one_device"):
+    """One LoRA fine-tune through the Trainer on one rank (``--one_device``): what a one-GPU user runs."""
+    config: str                   # the config file's name
+    stage: int
+    offload: list                 # what the config offloads to the host: "optimizer", "param"
+    device: str                   # where the rank computes: "cuda" or "cpu"
+    dtype: str                    # the engine's compute dtype
+    model: str                    # the GPT-2's shape: the lesson's own, or the GPU size of the launch
+    total: int
+    trainable: int
+    optimizer: str                # the engine's optimizer class (DeepSpeedCPUAdam when it steps on the host)
+    step_seconds: list            # wall time of each optimizer step after the first
+    device_peak_reserved: int     # torch.cuda.max_memory_reserved on a GPU rank; 0 on a CPU rank
+    host_peak_rss: int            # the rank's peak resident memory (VmHWM)
+    losses: list

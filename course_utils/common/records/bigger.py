@@ -16,7 +16,13 @@ from course_utils.common.record import Record
 
 # The GPT-2 family: GPT2Config with a small vocabulary and short sequences, so that the transformer blocks
 # (12·n_embd² parameters each) are nearly all of the parameters. name → (n_embd, n_layer).
-SIZES = {"3 M": (256, 4), "7 M": (320, 6), "11 M": (384, 6), "25 M": (512, 8), "48 M": (512, 15), "76 M": (512, 24)}
+CPU_SIZES = {"3 M": (256, 4), "7 M": (320, 6), "11 M": (384, 6), "25 M": (512, 8), "48 M": (512, 15), "76 M": (512, 24)}
+# The same family at a GPU's scale, about 1.5× apart: under a limit of an eighth of a GPU's memory (the course's rule for
+# sized lessons, ``course_utils.kernel.hardware.SIZED_SHARE``) the notebook picks from here the sizes that stand to the
+# limit as the CPU sizes stand to 352 MiB (``course_utils.kernel.views.bigger.sizes_for``)
+GPU_SIZES = {"85 M": (768, 12), "120 M": (768, 17), "200 M": (1024, 16), "300 M": (1024, 24), "470 M": (1280, 24),
+             "710 M": (1280, 36), "1.1 B": (1600, 36), "1.5 B": (1600, 48), "2.4 B": (2048, 48), "3.8 B": (2560, 48)}
+SIZES = {**CPU_SIZES, **GPU_SIZES}
 VOCAB, POSITIONS, HEADS = 512, 32, 8
 SEQ_LEN, MICRO_BATCH = 16, 2
 LR = 1e-4           # AdamW on one fixed batch: the loss falls at every step up to 48 M (measured over 5 steps; at

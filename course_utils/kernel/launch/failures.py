@@ -85,7 +85,7 @@ def hidden_note(hidden: int, run_dir: Path) -> str:
 
 def finished_message(result: LaunchResult, note: str = "") -> str:
     """The last line of a successful launch."""
-    line = (f"✔ {result.world_size} ranks finished in {result.seconds:.1f} s — "
+    line = (f"✔ {result.world_size} rank{'s' if result.world_size != 1 else ''} finished in {result.seconds:.1f} s — "
             f"logs: {paths.relative(result.run_dir)}/")
     return f"{line} {note}" if note else line
 

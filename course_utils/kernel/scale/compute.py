@@ -55,12 +55,13 @@ class Decoder:
         return counts.forward_flops(self.matmul_params, 1, self.layers, self.hidden, seq)
 
 
-def toy(preset: str = "zero_lab") -> Decoder:
-    """The course's GPT-2 of ``preset`` (``course_utils.rank.models.PRESETS``)."""
-    from course_utils.rank.models import PRESETS
+def toy(preset: str = "zero_lab", size: str | None = None) -> Decoder:
+    """The course's GPT-2 of ``preset`` (``course_utils.rank.models.PRESETS``), or the GPU size ``size`` a sized launch
+    built in its place (``hardware.model_size``)."""
+    from course_utils.rank.models import preset as shape
 
-    p = PRESETS[preset]
-    return Decoder(f"GPT-2 {preset}", "GPT-2", p.n_layer, p.n_embd, 4 * p.n_embd, p.n_head, p.n_embd, p.vocab_size)
+    p = shape(preset, size)
+    return Decoder(f"GPT-2 {size or preset}", "GPT-2", p.n_layer, p.n_embd, 4 * p.n_embd, p.n_head, p.n_embd, p.vocab_size)
 
 
 def real(name: str) -> Decoder:
@@ -174,12 +175,14 @@ def kept_per_token(dec: Decoder, b: float, checkpointed: bool = False) -> dict[s
             "total": dec.layers * layer + outside}
 
 
-def checkpointing_agreement(profile, printed_factor: float, activations: list, hidden: tuple[int, int]) -> list[dict]:
+def checkpointing_agreement(profile, printed_factor: float, activations: list, hidden: tuple[int, int],
+                            size: str | None = None) -> list[dict]:
     """Notebook 11's counts beside the formulas its projection uses, at the toy GPT-2's size: the flops profiler's
     forward FLOPs (``FlopsProfile``), the step factor DeepSpeed printed in this run's profile (``printed_factor``) and
     the one its profiler prints with ``recompute_fwd_factor`` 1.0, the blocks' share of the forward from the profile's
     per-module counts, and the activation bytes per token each checkpointing setting kept (rank 0's ``Activation``
-    records) at the largest point measured, exercise 2's ``hidden`` point left out."""
+    records) at the largest point measured, exercise 2's ``hidden`` point left out; ``size``: the GPT-2 the activations
+    were measured on where their launch was sized for a GPU (the profile's model is the course's own)."""
     dec = toy()
     tokens, seq = profile.micro_batch * profile.seq_len, profile.seq_len
     forward = counts.forward_flops(dec.matmul_params, tokens, dec.layers, dec.hidden, seq)
@@ -197,7 +200,7 @@ def checkpointing_agreement(profile, printed_factor: float, activations: list, h
         if a.seq_len * a.batch == largest:
             rows.append(counts.agreement(
                 f"activation bytes per token, checkpointing {a.checkpointing} ({a.batch} × {a.seq_len} tokens)",
-                kept_per_token(dec, FP32, a.checkpointing != "off")["total"],
+                kept_per_token(toy(size=size), FP32, a.checkpointing != "off")["total"],
                 a.after_forward / (a.seq_len * a.batch)))
     return rows
 

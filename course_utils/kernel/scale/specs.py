@@ -67,6 +67,22 @@ def gpu(name: str) -> Gpu:
     return _named(gpus(), name, "GPU")
 
 
+def named_by(device_name: str) -> Gpu:
+    """The table's GPU a device name (``torch.cuda.get_device_name``: "NVIDIA H100 80GB HBM3") names: the row whose
+    model (its first word with a digit: "H100", "4090") is a word of it and whose memory, where the name states one ("80GB"), is the row's."""
+    import re
+
+    words = set(re.split(r"[\s_-]+", device_name.upper()))
+    stated = re.search(r"(\d+)\s*GB", device_name.upper())
+    model = {g.name: next(w for w in g.name.upper().split() if any(c.isdigit() for c in w)) for g in gpus().values()}
+    found = [g for g in gpus().values() if model[g.name] in words]
+    found = [g for g in found if not stated or round(g.memory_bytes / GB) == int(stated.group(1))]
+    if len(found) != 1:
+        raise ValueError(f"{device_name!r} names {'no' if not found else 'more than one'} GPU of {TABLE.name} "
+                         f"({', '.join(gpus())}): add its row, or give the machine's memory_gb")
+    return found[0]
+
+
 def drives() -> dict[str, Drive]:
     return {name: Drive(name, row["read_gb_s"] * GB, row["write_gb_s"] * GB, row["source"])
             for name, row in _raw()["drive"].items()}

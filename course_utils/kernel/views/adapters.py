@@ -184,3 +184,19 @@ def _next_token_loss(logits, ids) -> float:
 
 def adapter_config(folder: str | Path) -> dict:
     return json.loads((Path(folder) / "adapter_config.json").read_text())
+
+
+def one_device_table(records: list[dict]):
+    """The one-rank LoRA fine-tunes (``--one_device``), a row per config: where it ran, what trained, the step time
+    and the peaks of device and host memory."""
+    import pandas as pd
+
+    from course_utils.common.records.adapters import OneDevice
+
+    MiB = 2**20
+    return pd.DataFrame([{
+        "config": o.config, "stage": o.stage, "offload": "+".join(o.offload) or "-", "device": o.device, "dtype": o.dtype,
+        "model": o.model, "trainable": o.trainable, "total": o.total, "optimizer": o.optimizer,
+        "step (ms, median)": round(1e3 * sorted(o.step_seconds)[len(o.step_seconds) // 2], 1),
+        "device peak reserved (MiB)": round(o.device_peak_reserved / MiB), "host peak RSS (MiB)": round(o.host_peak_rss / MiB),
+        "loss first → last": f"{o.losses[0]:.3f} → {o.losses[-1]:.3f}"} for o in read_as(records, OneDevice)]).set_index("config")

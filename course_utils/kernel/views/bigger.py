@@ -9,6 +9,8 @@ the rank.
 """
 from __future__ import annotations
 
+import functools
+
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -214,6 +216,42 @@ def plot(outcomes: list[Outcome]):
     return fig
 
 
+CPU_CAP_MB = 352      # the limit on a CPU: small enough that the sizes train in seconds on two cores
+# How the sizes of each configuration stand to the limit (16 bytes of model states per parameter ÷ the limit): no ZeRO
+# grows from one that fits with room to spare to one just past the limit; offload on a GPU on to twice and three times
+# the limit; NVMe trains one twice the limit. On a CPU these pick 11 M and 25 M, 48 M and 76 M, and 48 M.
+FITS_WITH_ROOM, JUST_PAST, TWICE, THRICE = 0.5, 1.05, 2.0, 3.0
+
+
+def default_cap_mb(hw) -> int:
+    """The limit of this machine's launches: :data:`CPU_CAP_MB` without a GPU; with one, the share of its memory the
+    course's sized lessons use (``hardware.SIZED_SHARE``), so that the sizes keep the GPU busy."""
+    from course_utils.kernel.hardware import SIZED_SHARE
+
+    return int(hw.gpu_memory_bytes * SIZED_SHARE / MiB) if hw.is_gpu else CPU_CAP_MB
+
+
+def sizes_for(cap_mb: int, is_gpu: bool) -> tuple[list[str], list[str], list[str]]:
+    """(no ZeRO, offload, NVMe) sizes for a limit of ``cap_mb`` MiB, from the family of the machine (``CPU_SIZES`` or
+    ``GPU_SIZES``), by how their model states stand to the limit (:data:`FITS_WITH_ROOM` …). On a CPU offload keeps
+    the sizes of no ZeRO: offloaded states stay in the same memory there."""
+    from course_utils.common.records.bigger import CPU_SIZES, GPU_SIZES
+
+    family = GPU_SIZES if is_gpu else CPU_SIZES
+    ratio = {s: 16 * parameters(s) / (cap_mb * MiB) for s in family}
+    below = [s for s in family if ratio[s] <= FITS_WITH_ROOM]
+    past = {x: next((s for s in family if ratio[s] >= x), None) for x in (JUST_PAST, TWICE, THRICE)}
+    if not below or None in past.values():
+        raise ValueError(f"a limit of {cap_mb} MiB is outside the sizes of this machine ({', '.join(family)}): the "
+                         f"smallest needs {16 * parameters(next(iter(family))) / MiB:.0f} MiB of model states; choose "
+                         f"a limit between about {32 * parameters(next(iter(family))) / MiB:.0f} and "
+                         f"{16 * parameters(list(family)[-1]) / (THRICE * MiB):.0f} MiB")
+    plain = [below[-1], past[JUST_PAST]]
+    offload = plain + [past[TWICE], past[THRICE]] if is_gpu else plain
+    return plain, offload, [past[TWICE]]
+
+
+@functools.cache
 def parameters(size: str) -> int:
     """The parameters of ``size``, counted on a model built on the meta device (no memory)."""
     import torch
