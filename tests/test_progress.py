@@ -41,7 +41,7 @@ def test_set_up_builds_only_what_the_first_notebooks_load_and_the_rest_by_first_
     assert first_need == sorted(first_need)
     assert [op.name for op in ops.for_script("01_ring", ops.ALL_OPS)] == ["deepspeed_shm_comm"]
     assert ops.for_script("my_own_script", ops.ALL_OPS) == list(ops.ALL_OPS)      # unknown: every op
-    assert [op.name for op in ops.for_script("12_adapters", ops.ALL_OPS)] == ["deepspeed_shm_comm", "fused_adam"]
+    assert [op.name for op in ops.for_script("12_adapters", ops.ALL_OPS)] == ["deepspeed_shm_comm", "fused_adam", "cpu_adam"]
 
 
 def _configs_named(text: str) -> set[str]:

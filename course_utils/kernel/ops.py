@@ -40,7 +40,8 @@ class Op:
 
 SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch on CPU ranks (DeepSpeed's CPU all-reduce)", (), 30)
 FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSpeed's Adam)", ("02+",), 55)
-CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08 and 10 (ZeRO-Offload)", ("04", "07", "08", "10"), 55)
+CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10 and 12 (ZeRO-Offload)",
+             ("04", "07", "08", "10", "12"), 55)
 ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185)   # with pin_memory
 
 # A background build shares the 2 cores with the two notebooks running meanwhile: until its first op tells the real
@@ -53,7 +54,7 @@ BESIDE_NOTEBOOKS = 2.0
 # CPU ranks (the launches that need more ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
 ALL_OPS = (SHM, FUSED_ADAM, ASYNC_IO, CPU_ADAM)
 CUDA_OPS = (replace(FUSED_ADAM, device="cuda"), replace(ASYNC_IO, device="cuda"),    # 03 offloads on one GPU too
-            replace(CPU_ADAM, device="cuda", needed_by="notebooks 03, 04, 07, 08 and 10 (ZeRO-Offload)",
+            replace(CPU_ADAM, device="cuda", needed_by="notebooks 03, 04, 07, 08, 10 and 12 (ZeRO-Offload)",
                     notebooks=("03",) + CPU_ADAM.notebooks))
 CPU_RANK_OPS = (SHM, FUSED_ADAM, CPU_ADAM)      # the 2- and 4-rank lessons' CPU ranks on a machine with fewer GPUs
 COURSE_OPS = {"cpu": ALL_OPS, "cuda": (SHM,) + CUDA_OPS + CPU_RANK_OPS[1:]}
