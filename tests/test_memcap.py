@@ -32,3 +32,30 @@ def test_without_a_cgroup_file_system_it_says_what_is_missing(tmp_path, monkeypa
     with pytest.raises(memcap.MemoryCapUnavailable, match="no cgroup file system"):
         with memcap.memory_cap(128):
             pass
+
+
+def _v1_tree(tmp_path, monkeypatch):
+    (tmp_path / "memory").mkdir()
+    monkeypatch.setattr(memcap, "CGROUP_ROOT", tmp_path)
+    return tmp_path / "memory"
+
+
+def test_a_v1_host_with_swap_and_no_swap_accounting_gets_no_limit_that_swap_would_undo(tmp_path, monkeypatch):
+    """Without ``memory.memsw.limit_in_bytes`` a v1 rank past the limit pages to swap instead of being stopped."""
+    import shutil
+
+    tree = _v1_tree(tmp_path, monkeypatch)
+    monkeypatch.setattr(memcap, "swap_bytes", lambda: 2**30)
+    monkeypatch.setattr(memcap.Path, "rmdir", shutil.rmtree)          # a cgroup's folder goes with its control files
+    with pytest.raises(memcap.MemoryCapUnavailable, match="swapoff -a"):
+        with memcap.memory_cap(128):
+            pass
+    assert list(tree.iterdir()) == []                  # the cgroup it began is gone
+
+
+def test_a_v1_host_without_swap_gets_its_limit(tmp_path, monkeypatch):
+    tree = _v1_tree(tmp_path, monkeypatch)
+    monkeypatch.setattr(memcap, "swap_bytes", lambda: 0)
+    monkeypatch.setattr(memcap.Path, "rmdir", lambda self: None)     # a plain folder: the kernel's files are absent
+    with memcap.memory_cap(128) as procs:
+        assert (procs.parent / "memory.limit_in_bytes").read_text() == str(128 * 2**20)

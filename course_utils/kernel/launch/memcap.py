@@ -1,7 +1,8 @@
 """A memory limit for one rank, from the kernel's own memory cgroup, so that the out-of-memory killer ends it for real.
 
 ``with memory_cap(300) as procs:`` makes a memory cgroup of its own (cgroup v2's ``memory.max`` or v1's
-``memory.limit_in_bytes``) and yields its ``cgroup.procs`` file; a rank that writes its pid there lives under the
+``memory.limit_in_bytes``, with no swap beside it: v2's ``memory.swap.max`` 0, v1's ``memory.memsw.limit_in_bytes``
+the same limit, or no cgroup at all on a v1 host with swap and no swap accounting) and yields its ``cgroup.procs`` file; a rank that writes its pid there lives under the
 limit, and when it allocates past it the kernel kills it with SIGKILL, exactly as on a machine out of memory.
 On leaving, the cgroup is removed (once its processes are gone). It needs root and a writable cgroup file system;
 elsewhere :class:`MemoryCapUnavailable` says so.
@@ -34,6 +35,17 @@ def _layout() -> tuple[Path, str]:
     raise MemoryCapUnavailable(f"no cgroup file system at {CGROUP_ROOT}")
 
 
+def swap_bytes() -> int:
+    """The machine's swap space (``SwapTotal`` of ``/proc/meminfo``), 0 without one."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("SwapTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 @contextmanager
 def memory_cap(megabytes: int, wait: float = 10.0) -> Iterator[Path]:
     """A fresh memory cgroup limited to ``megabytes``; yields its ``cgroup.procs`` file. Removed on exit."""
@@ -44,6 +56,13 @@ def memory_cap(megabytes: int, wait: float = 10.0) -> Iterator[Path]:
         (group / limit_file).write_text(str(megabytes * 2**20))
         if (group / "memory.swap.max").exists():
             (group / "memory.swap.max").write_text("0")       # no swap to hide in: the limit is the limit
+        elif (group / "memory.memsw.limit_in_bytes").exists():  # v1: memory and swap together, the same limit
+            (group / "memory.memsw.limit_in_bytes").write_text(str(megabytes * 2**20))
+        elif limit_file == "memory.limit_in_bytes" and swap_bytes() > 0:
+            group.rmdir()
+            raise MemoryCapUnavailable("this cgroup v1 host has swap but no swap accounting (no "
+                                       "memory.memsw.limit_in_bytes): a rank past the limit would page to swap instead "
+                                       "of being stopped. Turn swap off (swapoff -a) or boot with swapaccount=1")
     except OSError as e:
         if group.exists():
             group.rmdir()
