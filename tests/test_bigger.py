@@ -18,7 +18,11 @@ def test_the_rank_s_device_decides_its_limit(device, cgroup, kind):
 
 
 def test_a_gpu_rank_caps_its_allocator_to_the_limit():
-    assert bigger.cuda_fraction(352 * MiB, H100) == pytest.approx(369098752 / 85045231616)
+    """What the allocator does with the fraction (``allowed_memory_maximum = fraction * total``, truncated, in
+    c10/cuda/CUDACachingAllocator.cpp) gives back the limit to the byte, never a byte more, for every size 16 may set."""
+    for cap in (352 * MiB, 9536 * MiB, 16808 * MiB, 2**20 + 1):
+        allowed = int(bigger.cuda_fraction(cap, H100) * H100)
+        assert cap - 1 <= allowed <= cap
     with pytest.raises(ValueError, match="CAP_MB"):
         bigger.cuda_fraction(H100 + 1, H100)
     with pytest.raises(ValueError):

@@ -101,8 +101,10 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
         assert r["peak_bytes"] > plain["peak_bytes"], "the same size needs more memory with CPU offload on a CPU"
     nvme = rows["ZeRO-3 + NVMe"]
     assert nvme["sizes"] == {"48 M": "trained"} and nvme["error"] is None
-    assert 16 * nvme["largest_params"] >= 2 * cap, "model states of at least twice the limit"
-    assert nvme["peak_bytes"] < cap
+    # bookkeeping, not measurements: the size was chosen at twice the limit (bigger.sizes_for), and a size that trained
+    # stayed under the limit by construction (past it the cgroup's killer ends the rank); the swap files below are
+    # what the run shows
+    assert 16 * nvme["largest_params"] >= 2 * cap and nvme["peak_bytes"] < cap
     placed = nvme["bytes_by_place"]
     assert placed["nvme"] >= 16 * nvme["largest_params"], "fp32 parameters and Adam's states are in the swap files"
     assert placed["accelerator_side"] < MiB and placed["host_side"] < 6 * nvme["largest_params"]
@@ -121,18 +123,22 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
 
 
 def check_gpu(rows: dict, m: dict) -> None:
-    """On a GPU (what a GPU run must show; none has run this notebook yet): the CUDA allocator is capped; no ZeRO
-    fails with torch's OutOfMemoryError at the size it fails at on a CPU (16 B/parameter either way), while
-    offloading to the host trains bigger models."""
+    """On a GPU (what a GPU run must show; none has run this notebook yet): the CUDA allocator is capped at an eighth
+    of the GPU; no ZeRO trains the size with room and fails with torch's OutOfMemoryError at the one just past the
+    limit, while offloading to the host trains bigger models, and NVMe one twice the limit."""
+    from course_utils.kernel.views.bigger import sizes_for
+
     cap = m["cap_mb"] * MiB
+    plain_sizes, _, nvme_sizes = sizes_for(m["cap_mb"], True)
     for r in rows.values():
         assert r["limit"] == "cuda" and all(v != "failed" for v in r["sizes"].values()), r["error"]
         assert len(r["losses"]) == m["all_steps"] and r["losses"][-1] < r["losses"][0], r["configuration"]
         assert 0 < r["peak_bytes"] < cap
     plain = rows["no ZeRO"]
-    assert plain["sizes"] == {"11 M": "trained", "25 M": "out of memory"} and "OutOfMemoryError" in plain["error"]
+    assert plain["sizes"] == {plain_sizes[0]: "trained", plain_sizes[1]: "out of memory"}
+    assert "OutOfMemoryError" in plain["error"]
     for name in ("ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)"):
         assert rows[name]["largest_params"] > 2 * plain["largest_params"], name
         assert rows[name]["bytes_by_place"]["host"] > rows[name]["bytes_by_place"]["device"], name
-    assert 16 * rows["ZeRO-3 + NVMe"]["largest_params"] >= 2 * cap
+    assert rows["ZeRO-3 + NVMe"]["sizes"] == {nvme_sizes[0]: "trained"}
     assert m["exercise"]["sizes"] == {"7 M": "trained"}
