@@ -19,9 +19,13 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from course_utils.common import run_folder
+
+if TYPE_CHECKING:          # the watchdog imports this module: what only call() needs is imported there
+    import subprocess
+    from pathlib import Path
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -116,6 +120,42 @@ def end(pids: Callable[[], list[int]] = list, groups: Iterable[int] = (), grace:
             if not rest:
                 break
     return not rest
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """End ``proc`` and everything it started, with their process groups (a notebook's kernel runs in a session of
+    its own, a launch's ranks and watchdog in groups of their own): SIGTERM, SIGKILL after ``grace`` seconds."""
+    family = tree(proc.pid)
+    groups = set()
+    for pid in family:
+        try:
+            groups.add(os.getpgid(pid))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())
+    end(lambda: sorted({p for pid in family for p in tree(pid)}), groups, grace=grace)
+    proc.wait()
+
+
+def call(command: list[str], log: Path, timeout: float, env: dict | None = None, cwd: Path | None = None,
+         grace: float = 5.0) -> int | None:
+    """Run ``command`` in a session of its own, its output to ``log`` (a file: nothing left running can hold a pipe
+    open); its exit status, or None when it was stopped at ``timeout`` seconds (:func:`stop`). An interrupt stops it
+    too, and goes on."""
+    import subprocess
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(0.1, timeout))
+    except subprocess.TimeoutExpired:
+        stop(proc, grace)
+        return None
+    except BaseException:
+        stop(proc, grace)
+        raise
 
 
 def tree(pid: int) -> list[int]:

@@ -306,35 +306,13 @@ def expected_seconds(smoke: bool) -> dict[str, float]:
 # ---- running a step --------------------------------------------------------------------------------------------
 
 def stop(proc: subprocess.Popen) -> None:
-    """End ``proc`` and everything it started, with their process groups (a notebook's kernel runs in a session of
-    its own, a launch's ranks and watchdog in groups of their own): SIGTERM, SIGKILL after :data:`GRACE`."""
-    family = reaper.tree(proc.pid)
-    groups = set()
-    for pid in family:
-        try:
-            groups.add(os.getpgid(pid))
-        except OSError:
-            pass
-    groups.discard(os.getpgrp())
-    reaper.end(lambda: sorted({p for pid in family for p in reaper.tree(pid)}), groups, grace=GRACE)
-    proc.wait()
+    """End ``proc``, everything it started and their process groups: SIGTERM, SIGKILL after :data:`GRACE`."""
+    reaper.stop(proc, GRACE)
 
 
 def call(command: list[str], log: Path, timeout: float, env: dict | None = None) -> int | None:
-    """Run ``command`` in a session of its own, its output to ``log``; its exit status, or None when it was stopped
-    at ``timeout`` seconds. Ctrl-C stops it too, and goes on."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=max(0.1, timeout))
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        return None
-    except BaseException:
-        stop(proc)
-        raise
+    """:func:`course_utils.common.reaper.call` from the checkout, with this command's :data:`GRACE`."""
+    return reaper.call(command, log, timeout, env, cwd=paths.ROOT, grace=GRACE)
 
 
 def tail(log: Path, lines: int = 80) -> str:

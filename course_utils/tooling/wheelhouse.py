@@ -41,7 +41,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -89,28 +88,19 @@ def tail(text: str, lines: int = 25) -> str:
 
 
 def run(argv: list[str], timeout: float, env: dict | None = None, cwd: Path | None = None) -> str:
-    """Run ``argv`` in a session of its own and return what it printed (stdout and stderr, through a file: nothing
-    left running can hold a pipe open). A non-zero exit raises :class:`CommandFailed`; after ``timeout`` seconds, or
-    on an interrupt, its whole process group is ended first."""
+    """Run ``argv`` in a session of its own and return what it printed (:func:`course_utils.common.reaper.call`).
+    A non-zero exit raises :class:`CommandFailed`; after ``timeout`` seconds, or on an interrupt, it is ended with
+    everything it started first."""
     shown = " ".join(argv[:4]) + (" …" if len(argv) > 4 else "")
-    stopped = False
-    with tempfile.TemporaryFile("w+", errors="replace") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stopped = True
-        finally:
-            if proc.returncode is None:         # past the timeout, or interrupted
-                reaper.end(groups=[proc.pid])
-                proc.wait()
-        log.seek(0)
-        out = log.read()
-    if stopped:
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Path(scratch) / "output"
+        code = reaper.call(argv, log, timeout, env, cwd)
+        out = log.read_text(errors="replace")
+    if code is None:
         raise CommandFailed(f"`{shown}` ran past {timeout:g} s and was stopped; the end of its output:\n{tail(out)}",
                             out)
-    if proc.returncode != 0:
-        raise CommandFailed(f"`{shown}` exited with {proc.returncode}; the end of its output:\n{tail(out)}", out)
+    if code != 0:
+        raise CommandFailed(f"`{shown}` exited with {code}; the end of its output:\n{tail(out)}", out)
     return out
 
 

@@ -189,6 +189,8 @@ def adapter_config(folder: str | Path) -> dict:
 def one_device_table(records: list[dict]):
     """The one-rank LoRA fine-tunes (``--one_device``), a row per config: where it ran, what trained, the step time
     and the peaks of device and host memory."""
+    import statistics
+
     import pandas as pd
 
     from course_utils.common.records.adapters import OneDevice
@@ -197,6 +199,6 @@ def one_device_table(records: list[dict]):
     return pd.DataFrame([{
         "config": o.config, "stage": o.stage, "offload": "+".join(o.offload) or "-", "device": o.device, "dtype": o.dtype,
         "model": o.model, "trainable": o.trainable, "total": o.total, "optimizer": o.optimizer,
-        "step (ms, median)": round(1e3 * sorted(o.step_seconds)[len(o.step_seconds) // 2], 1),
+        "step (ms, median)": round(1e3 * statistics.median_high(o.step_seconds), 1),
         "device peak reserved (MiB)": round(o.device_peak_reserved / MiB), "host peak RSS (MiB)": round(o.host_peak_rss / MiB),
         "loss first → last": f"{o.losses[0]:.3f} → {o.losses[-1]:.3f}"} for o in read_as(records, OneDevice)]).set_index("config")
