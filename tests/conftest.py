@@ -49,35 +49,104 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 REPLAY = """\
-# Added by the tests: every exercise again with the student edition's source, in this kernel, then its check;
-# the solution is put back after each one. The outcome of each check goes to {out}.
-import json as _json
+# Added by the tests: every exercise again with the student edition's source, in this kernel, then its check; then
+# each wrong answer declared for it (tests/answers), then its check again. The solution is put back after each one,
+# and the figures the notebook recorded are put back after them all. The outcomes go to {out}.
+import json as _json, time as _time
+from pathlib import Path as _Path
+from IPython.utils.capture import capture_output as _capture
+from course_utils.common import paths as _paths
+from course_utils.kernel.checks import ExerciseCheckError as _Refused, ExerciseNotDone as _NotDone
 _ip, _outcomes = get_ipython(), {{}}
+_kept = {{_p: _p.read_bytes() for _p in _paths.metrics_dir().glob("*.json")}}
 _ip.showtraceback = lambda *a, **k: None      # the expected failures are recorded, not shown as cell errors
-for _name, _student, _solution, _check in {exercises!r}:
+for _name, _student, _solution, _check, _trials in {exercises!r}:
     _ip.run_cell(_student, store_history=False)
     _error = _ip.run_cell(_check, store_history=False).error_in_exec
-    _outcomes[_name] = type(_error).__name__ if _error is not None else "passed"
+    _outcomes[_name] = {{"student": type(_error).__name__ if _error is not None else "passed", "trials": []}}
     _ip.run_cell(_solution, store_history=False)
+    for _kind, _why, _source, _cells in _trials:
+        _started = _time.perf_counter()
+        with _capture() as _seen:
+            _ip.run_cell(_source, store_history=False)
+            for _cell in _cells:
+                _error = _ip.run_cell(_cell, store_history=False).error_in_exec
+                if _error is not None:
+                    break
+        _outcomes[_name]["trials"].append({{
+            "kind": _kind, "why": _why, "error": type(_error).__name__ if _error is not None else "passed",
+            "refused": isinstance(_error, _Refused) and not isinstance(_error, _NotDone),
+            "message": str(_error) if _error is not None else "", "output": _seen.stdout + _seen.stderr,
+            "seconds": round(_time.perf_counter() - _started, 2)}})
+        _ip.run_cell(_solution, store_history=False)
+for _p, _bytes in _kept.items():
+    _p.write_bytes(_bytes)
 del _ip.showtraceback
 open({out!r}, "w").write(_json.dumps(_outcomes))
 """
 
+# Which declared wrong answers the notebook tests replay: "kernel" (those whose check launches no ranks) or "all".
+TRIALS_ENV = "COURSE_TRIALS"
 
-def with_student_replay(notebook: Path, out: Path) -> Path:
+
+def trials_of(nb, ex: dict, launches: bool) -> list[tuple]:
+    """The declared wrong answers of exercise ``ex`` as the replay runs them: (kind, why, source, cells to run after)."""
+    import answers
+
+    declared = answers.load(nb.metadata.get("course_name", ""))
+    wrong = declared.get(ex["name"])
+    if wrong is None or (wrong.launches and not launches) or ex["check"] is None:
+        return []
+    first = ex["cell"] + 1 if wrong.run == "from_solution" else ex["check"]
+    cells = [nb.cells[j].source for j in range(first, ex["check"] + 1) if nb.cells[j].cell_type == "code"]
+    return [(a.kind, a.why, a.source, cells) for a in wrong.answers]
+
+
+def with_student_replay(notebook: Path, out: Path, launches: bool | None = None) -> Path:
     """A copy of ``notebook`` ending in a cell that replays each exercise with the student source (the
-    nbgrader stub) followed by its check cell, in the kernel that has just run the whole notebook."""
+    nbgrader stub) followed by its check cell, and then each of its declared wrong answers (tests/answers), in the
+    kernel that has just run the whole notebook. ``launches``: also the answers whose check launches ranks (by
+    default when ``COURSE_TRIALS=all``)."""
 
     from course_utils.tooling.student import exercises, student_source
 
+    if launches is None:
+        launches = os.environ.get(TRIALS_ENV, "kernel") == "all"
     nb = nbformat.read(str(notebook), as_version=4)
+    nb.metadata["course_name"] = notebook.stem
     replay = [(ex["name"], student_source(nb.cells[ex["cell"]].source), nb.cells[ex["cell"]].source,
-               nb.cells[ex["check"]].source) for ex in exercises(nb)]
+               nb.cells[ex["check"]].source, trials_of(nb, ex, launches)) for ex in exercises(nb)]
     nb.cells.append(nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, out=str(out))))
     copy = paths.build_dir() / "with_replay" / notebook.name
     copy.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(copy))
     return copy
+
+
+def refused_badly(name: str, notebook: Path, replayed: dict) -> list[str]:
+    """What is wrong with the replayed wrong answers of ``name``: one that passed or failed otherwise than by the
+    check's refusal, or whose refusal shows a ``secret`` or a line of the exercise's solution."""
+    import answers
+    from course_utils.tooling.student import BEGIN, END, exercises
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    solutions = {ex["name"]: nb.cells[ex["cell"]].source for ex in exercises(nb)}
+    declared = answers.load(name)
+    said = []
+    for exercise, outcome in replayed.items():
+        block = solutions[exercise].split(BEGIN, 1)[1].split(END, 1)[0]
+        lines = [l.strip() for l in block.splitlines() if len(l.strip()) >= 25 and not l.strip().startswith("#")]
+        secrets = list(declared[exercise].secret) if exercise in declared else []
+        for t in outcome["trials"]:
+            where = f"{exercise} ({t['kind']}: {t['why']})"
+            if not t["refused"]:
+                said.append(f"{where}: {t['error']} instead of the check's refusal: {t['message'][-400:]}")
+                continue
+            shown = t["message"] + t["output"]
+            leaks = [s for s in secrets if s in shown] + [l for l in lines if l in shown]
+            if leaks:
+                said.append(f"{where}: the refusal shows the answer: {leaks}")
+    return said
 
 
 def processes_of(run_dir: Path) -> list:
@@ -153,8 +222,11 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     cut = cut_table_cells(executed)
     assert not cut, f"{name}: a table shows cells cut short (course_utils.kernel.notebook.whole_table_cells): {cut}"
     replayed = json.loads(outcomes.read_text())
-    assert replayed and set(replayed.values()) == {"ExerciseNotDone"}, (
-        f"on the student edition every exercise's check must raise ExerciseNotDone; got {replayed}")
+    student = {exercise: outcome["student"] for exercise, outcome in replayed.items()}
+    assert replayed and set(student.values()) == {"ExerciseNotDone"}, (
+        f"on the student edition every exercise's check must raise ExerciseNotDone; got {student}")
+    badly = refused_badly(name, notebook, replayed)
+    assert not badly, f"{name}: wrong answers the checks must refuse:\n" + "\n".join(badly)
     _EXECUTED[key] = json.loads(metrics.read_text())
     return json.loads(json.dumps(_EXECUTED[key]))
 

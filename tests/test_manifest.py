@@ -1,4 +1,6 @@
 """The manifest (notebooks/manifest.toml) lists every notebook; the tables made from it match it."""
+from pathlib import Path
+
 import pytest
 
 from course_utils.tooling import course, manifest, tables
@@ -83,3 +85,53 @@ def test_a_notebook_that_ends_elsewhere_is_named(tmp_path):
     nb.cells[-1].source = "Back to the start."
     nbformat.write(nb, str(first))
     assert [p for p in _closing_problems(tmp_path) if p.startswith(first.stem)]
+
+
+def declared_gaps(notebook: Path) -> list[str]:
+    """What the exercises of ``notebook`` lack of the rule: a check cell, and wrong answers declared in tests/answers
+    (a copier's and a misunderstanding's, each saying what the learner did and defining the exercise's function)."""
+    import re
+
+    import nbformat
+
+    import answers
+    from course_utils.tooling.student import exercises
+
+    declared = answers.load(notebook.stem)
+    gaps = []
+    for ex in exercises(nbformat.read(str(notebook), as_version=4)):
+        name = ex["name"]
+        if ex["check"] is None:
+            gaps.append(f"{name}: no check cell hands it to a checks call")
+        wrong = declared.get(name)
+        if wrong is None:
+            gaps.append(f"{name}: no wrong answers declared in tests/answers/nb{notebook.stem[:2]}.py")
+            continue
+        for kind in answers.KINDS:
+            given = wrong.of(kind)
+            if not given:
+                gaps.append(f"{name}: no {kind} answer")
+            for a in given:
+                if len(a.why) < 15 or not re.search(rf"^def {name}\(", a.source, re.M):
+                    gaps.append(f"{name}: its {kind} answer must say what the learner did and define {name}()")
+    gaps += [f"{name}: declared, but the notebook has no such exercise" for name in
+             set(declared) - {ex["name"] for ex in exercises(nbformat.read(str(notebook), as_version=4))}]
+    return gaps
+
+
+def test_every_exercise_declares_a_copiers_and_a_misunderstandings_answer():
+    gaps = {nb.stem: declared_gaps(nb) for nb in sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
+    gaps = {k: v for k, v in gaps.items() if v}
+    assert not gaps, "exercises without their wrong answers (see tests/answers/__init__.py):\n" + \
+        "\n".join(f"{k}: {g}" for k, v in gaps.items() for g in v)
+
+
+def test_an_exercise_without_its_wrong_answers_is_named(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("def guess(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"),
+        nbformat.v4.new_code_cell("checks.check_function(guess, [((1,), 1)], hint='h')")])
+    path = tmp_path / "99_new.ipynb"
+    nbformat.write(nb, str(path))
+    assert declared_gaps(path) == ["guess: no wrong answers declared in tests/answers/nb99.py"]

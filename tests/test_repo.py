@@ -113,3 +113,21 @@ def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
     assert course.lane_order([a, b, new, timed], {timed}, course.previous_seconds(report)) == [new, b, a, timed]
     assert course.lane_order([a, b, timed], {timed}, {}) == [a, b, timed], "no earlier run: course order"
 
+
+
+# Modules that hold an exercise's answer for the ranks to fall back on (their docstrings say so): no notebook, and no
+# module of the kernel side, may import them.
+ANSWER_MODULES = ("course_utils.rank.ring_reference",)
+
+
+def test_no_notebook_imports_a_module_that_holds_an_answer():
+    import nbformat
+
+    kernel_side = [p for p in (paths.ROOT / "course_utils").rglob("*.py") if "rank" not in p.relative_to(paths.ROOT).parts]
+    sources = {p.name: p.read_text() for p in kernel_side}
+    for nb in NOTEBOOKS:
+        sources[nb.name] = "\n".join(c.source for c in nbformat.read(str(nb), as_version=4).cells if c.cell_type == "code")
+    for module in ANSWER_MODULES:
+        leaf = module.rsplit(".", 1)[1]
+        assert (paths.ROOT / (module.replace(".", "/") + ".py")).exists(), module
+        assert not [name for name, text in sources.items() if leaf in text], f"{module} is imported where a learner reads"

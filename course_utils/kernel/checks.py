@@ -155,7 +155,9 @@ def export_function(fn: Callable, path: "Path | str", hint: "str | Sequence[str]
 
 def launch_exercise(run: Callable[[], Any], hint: "str | Sequence[str]") -> Any:
     """Run a launch that executes exercise code in the ranks; an unsolved exercise becomes
-    :class:`ExerciseNotDone` (not a wall of rank tracebacks), any other failure is re-raised."""
+    :class:`ExerciseNotDone` (not a wall of rank tracebacks), a launch that fails or hangs with the learner's code
+    becomes the check's refusal: the runner's account of the rank that failed first (or of where each rank waited),
+    then the hint."""
     from course_utils.kernel.launch import LaunchError
 
     try:
@@ -164,4 +166,5 @@ def launch_exercise(run: Callable[[], Any], hint: "str | Sequence[str]") -> Any:
         if "NotImplementedError" in str(e):
             raise ExerciseNotDone(f"Exercise not done yet: the ranks hit `{STUB}`. "
                                   f"Hint: {hint_text(hint, count=False)}") from None
-        raise
+        raise ExerciseCheckError(f"The ranks did not get through with your code:\n{e}\n"
+                                 f"Hint: {hint_text(hint)}") from None

@@ -1,8 +1,8 @@
 """The ring all-reduce exercise inside a rank (notebook 01): count the bytes a rank sends, and trace,
 step by step, which chunk each rank sends and what every chunk holds.
 
-scripts/01_ring.py runs the learner's function under these (the course's :func:`course_ring_all_reduce` while
-the exercise is not written); the notebook draws the trace with :func:`course_utils.kernel.views.distributed.plot_ring_steps`.
+scripts/01_ring.py runs the learner's function under these (the course's own ring, in
+:mod:`course_utils.rank.ring_reference`, while the exercise is not written); the notebook draws the trace with :func:`course_utils.kernel.views.distributed.plot_ring_steps`.
 """
 from __future__ import annotations
 
@@ -26,31 +26,6 @@ def _wrapped(module: Any, wrappers: dict[str, Callable[[Callable], Callable]]) -
     finally:
         for name, fn in originals.items():
             setattr(module, name, fn)
-
-
-def course_ring_all_reduce(tensor: Any) -> Any:
-    """The course's ring all-reduce, in place: N−1 scatter-reduce steps, then N−1 all-gather steps, each rank
-    sending to its right neighbour and receiving from its left. The ranks run it while the learner's is not written,
-    so the cells after the exercise still have a ring to measure and draw."""
-    import torch
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = list(tensor.chunk(world))          # views: writing a chunk writes the tensor
-    right, left = (rank + 1) % world, (rank - 1) % world
-    buffer = torch.empty_like(chunks[0])
-    for phase in ("scatter-reduce", "all-gather"):
-        for step in range(world - 1):
-            shift = 0 if phase == "scatter-reduce" else 1
-            send_i, recv_i = (rank - step + shift) % world, (rank - step - 1 + shift) % world
-            request = dist.isend(chunks[send_i].contiguous(), right)
-            dist.recv(buffer, left)
-            request.wait()
-            if phase == "scatter-reduce":
-                chunks[recv_i] += buffer
-            else:
-                chunks[recv_i].copy_(buffer)
-    return tensor
 
 
 @contextlib.contextmanager
