@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from course_utils.rank.engine import (accelerator_bytes, ds_config, forward_backward, gathered_numel, release,
-    reset_accelerator_peak, training_dtype)
+from course_utils.rank.engine import (accelerator_bytes, ds_config, forward_backward, gathered_numel, nvme_offload,
+    release, reset_accelerator_peak, training_dtype)
 from course_utils.rank.memory import locked_bytes, tensor_inventory
-from course_utils.common.zero_rules import LADDER, nvme_offload
+from course_utils.common.zero_rules import LADDER
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.placement import holdings, host_side_storages, make_rung, swap_buffers, with_parameter_swapper
 from course_utils.common.record import record

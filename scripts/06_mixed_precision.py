@@ -2,9 +2,9 @@
 all-reduce moves, fp16 loss scaling live, and the engine's LR scheduler on skipped steps.
 
 Part 1 builds one ZeRO-1 engine per precision (fp32, bf16, bf16 with fp32 gradient reductions,
-torch_autocast bf16, fp16) and records the dtypes of the module parameters, the optimizer's master copy,
-the gradients and the forward output, and what DeepSpeed's comms logger saw during one training step
-(the gradient all_reduce's bytes, to divide by the number of parameters).
+torch_autocast in bf16 and in fp16, fp16) and records the dtypes of the module parameters, the
+optimizer's master copy, the gradients and the forward output, and what DeepSpeed's comms logger saw
+during one training step (the gradient all_reduce's bytes, to divide by the number of parameters).
 Part 2 trains with the config's "fp16" section twice: with dynamic loss scaling (loss_scale 0) and
 with a static scale, recording the loss scale, the overflows (skipped steps) and the learning rate
 per step. On a GPU the fp16 engine itself does this. On a CPU DeepSpeed refuses fp16 (see notebook
@@ -38,7 +38,8 @@ from course_utils.common.records.precision import (GRAD_MESSAGE_MIN_BYTES, Engin
     HysteresisDemo, Trace)
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print
 
-PRECISIONS = ["fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16", "fp16"]
+PRECISIONS = ["fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16", "torch_autocast fp16", "fp16"]
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def precision_config(base: dict, name: str) -> dict:
@@ -52,8 +53,8 @@ def precision_config(base: dict, name: str) -> dict:
         cfg["bf16"] = {"enabled": True}
     if name == "bf16+fp32 comm":
         cfg["communication_data_type"] = "fp32"
-    if name == "torch_autocast bf16":                # fp32 weights, the forward under torch.autocast(bfloat16)
-        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    if name.startswith("torch_autocast"):            # fp32 weights, the forward under torch.autocast(<dtype>)
+        cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[name.split()[-1]]}
     return cfg
 
 

@@ -83,6 +83,24 @@ class Clock(TrainerCallback):
                           seconds=metrics[f"{prefix}_runtime"], examples=self.examples))
 
 
+# Other training splits whose batches per rank the ranks count (exercise 1 of notebook 10 predicts them too):
+# (examples, per-device batch, ranks).
+OTHER_SPLITS = [(1001, 25, 2), (230, 16, 3)]
+
+
+def batches_per_rank(trainer, examples: int, batch: int, ranks: int) -> int:
+    """How many batches each of ``ranks`` ranks gets from a training dataloader of ``examples`` examples at ``batch``
+    per device, dealt out by accelerate with the settings of the Trainer's own accelerator (its ``split_batches`` and
+    ``even_batches``, the Trainer's ``dataloader_drop_last``): with no accumulation, one epoch's optimizer steps."""
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(range(examples), batch_size=batch, drop_last=trainer.args.dataloader_drop_last)
+    return len(prepare_data_loader(loader, num_processes=ranks, process_index=0, put_on_device=False,
+                                   split_batches=trainer.accelerator.split_batches,
+                                   even_batches=trainer.accelerator.even_batches))
+
+
 def first(split, n: int | None):
     """The first ``n`` examples of a split (all of them when ``n`` is None)."""
     return split.select(range(min(n, len(split)))) if n else split
@@ -144,6 +162,8 @@ def main(argv=None) -> None:
     record("train_seconds", result.metrics["train_runtime"])      # the whole train(), evaluations included
     record("step_seconds", clock.step_seconds)
     record("steps", trainer.state.global_step)
+    record("batches_per_rank", [[n, b, w, batches_per_rank(trainer, n, b, w)]
+                                for n, b, w in [(len(train_set), args.batch_size, targs.world_size), *OTHER_SPLITS]])
     record(engine_setup(trainer.deepspeed))
     evaluated = [e for e in trainer.state.log_history if "eval_bleu" in e]
     if not evaluated or evaluated[-1]["step"] != trainer.state.global_step:    # stopped inside an epoch

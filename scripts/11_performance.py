@@ -1,7 +1,8 @@
 """Where a step's time and memory go, on real ranks (notebook 11). Four parts, one launch:
 
 1. Gradient accumulation: the same effective batch as micro-batch × accumulation steps 8 × 1, 4 × 2 and 2 × 4 per
-   rank, trained with plain SGD from the same weights on the same samples; the loss of every optimizer step. Then
+   rank, trained with plain SGD from the same weights on the same samples (of different lengths, padded), by the
+   learner's loop or :func:`course_accumulate`; the loss of every optimizer step's samples before it. Then
    one optimizer step of 2 × 4 read micro-step by micro-step: is it a boundary, what ``engine.backward`` returned,
    did ``engine.step()`` change the weights.
 2. Activation memory: torch's memory tracker around one forward + backward pass of the ZeRO GPT-2 per sequence
@@ -42,30 +43,53 @@ def weights(module) -> torch.Tensor:
     return torch.cat([p.detach().double().flatten() for p in module.parameters()])
 
 
+def course_accumulate(engine, micro_batches: list) -> list[float]:
+    """One optimizer step under gradient accumulation, as the ranks run it until the learner writes theirs (exercise
+    1): every micro-batch gets a forward, ``engine.backward`` and ``engine.step()`` (which updates the weights only on
+    the accumulation boundary). Each micro-batch's loss is the mean over the tokens it labels; weighted by its share of
+    the step's labelled tokens, with the engine's own division by the accumulation steps switched off, the step
+    trains on the mean over every labelled token, as one micro-batch of them all would. Returns each micro-batch's loss."""
+    tokens = [int((b["labels"] != -100).sum()) for b in micro_batches]
+    losses = []
+    for batch, n in zip(micro_batches, tokens):
+        loss = engine(**batch).loss
+        engine.backward(loss * n / sum(tokens), scale_wrt_gas=False)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def step_loss(module, micro_batches: list) -> float:
+    """The loss of one optimizer step's samples at the current weights: the mean over every token they label, as one
+    micro-batch of them all gives it (no gradient; the same for every accumulation setting)."""
+    with torch.no_grad():
+        return module(**{k: torch.cat([b[k] for b in micro_batches]) for k in ("input_ids", "labels")}).loss.item()
+
+
 def run_accumulation(base: dict, steps: int, loop, loop_name: str, device: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     for micro, gas in ACCUMULATION:
         engine, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=accumulation_config(base, micro, gas))
         run = Trajectory(micro, gas, engine.train_batch_size(), loop_name)
         for step in range(steps):
-            batches = [b.to(device) for b in perf.micro_batches(step, rank, world, micro, gas)]
-            losses = torch.tensor(loop(engine, batches), dtype=torch.float64)
-            mean = losses.mean().to(device)
+            batches = [{k: v.to(device) for k, v in b.items()} for b in perf.micro_batches(step, rank, world, micro, gas)]
+            mean = torch.tensor(step_loss(engine.module, batches), dtype=torch.float64).to(device)
+            loop(engine, batches)
             dist.all_reduce(mean)
             run.loss.append(mean.item() / world)
         run.weight_sum = weights(engine.module).sum().item()
         record(run)
         rank0_print(f"{micro} × {gas}: loss {run.loss[0]:.4f} → {run.loss[-1]:.4f}")
-    # one optimizer step of 2 × 4, micro-step by micro-step, with the course's loop written out
+    # one optimizer step of 2 × 4, micro-step by micro-step, with DeepSpeed's plain loop written out
     micro, gas = ACCUMULATION[-1]
     engine, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=accumulation_config(base, micro, gas))
-    for i, ids in enumerate(perf.micro_batches(0, rank, world, micro, gas)):
-        ids = ids.to(device)
+    for i, batch in enumerate(perf.micro_batches(0, rank, world, micro, gas)):
+        batch = {k: v.to(device) for k, v in batch.items()}
         boundary = engine.is_gradient_accumulation_boundary()
-        loss = engine(input_ids=ids, labels=ids).loss
+        loss = engine(**batch).loss
         returned = engine.backward(loss)
         before = weights(engine.module)
-        engine.step()
+        engine.step()                       # counts the micro-step; updates on the boundary only
         record(MicroStep(i, boundary, (returned / loss).item(), not torch.equal(before, weights(engine.module)),
                          engine.global_steps))
 
@@ -159,7 +183,7 @@ def main(argv=None) -> None:
     deepspeed.init_distributed()
     device = get_accelerator().current_device_name()
 
-    loop, loop_name = perf.accumulate, "course"
+    loop, loop_name = course_accumulate, "course"
     if args.accumulate_file:
         loop, loop_name = load_exercise(args.accumulate_file, ["accumulate"])["accumulate"], "yours"
     if "accumulation" in args.parts:

@@ -4,10 +4,11 @@ Per-rank bytes of parameters, gradients and optimizer states at ZeRO stages 0, 2
 forward and backward pass; a base model saved with save_pretrained, loaded under ZeRO-3 through
 HfDeepSpeedConfig, given an adapter with get_peft_model and trained with a raw deepspeed.initialize loop; what
 each rank's state dict holds of the adapter, the adapter saved without and with a gather; the same adapter
-trained at ZeRO-2.
-With --yours, the adapter is also saved with your adapter_state(model). With a DeepSpeed config (it says
+trained at ZeRO-2. With a DeepSpeed config (it says
 "auto" where the Trainer fills values in), the HF Trainer then trains the same adapter at ZeRO-3 from the same
 checkpoint, with the model as loaded and with its loss type named, and saves it (save_model).
+With --adapter_state FILE --base FOLDER, only: the checkpoint in FOLDER loaded under ZeRO-3, its adapter trained a few
+steps, then saved with DeepSpeed's own gather and with your adapter_state(model) from FILE (exercise 2).
 
 Run from a terminal:
   deepspeed --num_gpus 2 scripts/12_adapters.py --deepspeed_config configs/12_adapters_trainer.json
@@ -88,8 +89,9 @@ def measure(stage: int, kind: str, r: int, targets: list) -> None:
                          rank=dist.get_rank(), world_size=dist.get_world_size(), total=total, trainable=n_trainable,
                          peft_trainable=peft_trainable, measured=measured, persistent_numel=persistent,
                          grad_partition_numel=grad_partition, messages=window.messages))
-    rank0_print(f"stage {stage} {kind:8s} trainable {n_trainable:>7,} of {total:,}: "
-                + "  ".join(f"{k}={v / 2**10:7.1f} KiB" for k, v in measured.items() if k != "buffers"))
+    if kind != "exercise":                               # exercise 1's figure: the notebook shows it after its check
+        rank0_print(f"stage {stage} {kind:8s} trainable {n_trainable:>7,} of {total:,}: "
+                    + "  ".join(f"{k}={v / 2**10:7.1f} KiB" for k, v in measured.items() if k != "buffers"))
     release(engine)
 
 
@@ -122,6 +124,27 @@ def zero3_engine(base: str, steps: int):
     return engine, keep_alive
 
 
+def save_gathered(engine) -> None:
+    """The reference save: DeepSpeed's own consolidation, the Trainer's route (every rank gathers each module in turn,
+    rank 0 keeps the trainable tensors), read by peft as a state dict it is handed."""
+    from peft import get_peft_model_state_dict
+
+    whole = engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+    save_adapter("gathered", engine.module,
+                 get_peft_model_state_dict(engine.module, state_dict=whole) if dist.get_rank() == 0 else None)
+
+
+def yours_saved(path: str, base: str, steps: int) -> None:
+    """Exercise 2's launch: the adapter trained under ZeRO-3 as in part 2, saved by DeepSpeed's gather and by your
+    ``adapter_state(model)``, which every rank calls (rank 0's return value is written)."""
+    engine, keep_alive = zero3_engine(base, steps)
+    save_gathered(engine)
+    state = load_exercise(path, ["adapter_state"])["adapter_state"](engine.module)
+    save_adapter("yours", engine.module, state if dist.get_rank() == 0 else None)
+    release(engine)
+    del keep_alive
+
+
 def pitfall_and_fix(engine) -> None:
     """What each rank's adapter state dict holds without a gather; the adapter saved that way and gathered."""
     from peft import get_peft_model_state_dict
@@ -131,10 +154,7 @@ def pitfall_and_fix(engine) -> None:
         warnings.simplefilter("ignore")
         record(AdapterState(rank=dist.get_rank(), tensors=adapter_view(get_peft_model_state_dict(model), model)))
     save_adapter("without gather", model, None)
-    # the reference: DeepSpeed's own consolidation, the Trainer's route (every rank gathers each module in turn,
-    # rank 0 keeps the trainable tensors), read by peft as a state dict it is handed
-    whole = engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
-    save_adapter("gathered", model, get_peft_model_state_dict(model, state_dict=whole) if dist.get_rank() == 0 else None)
+    save_gathered(engine)
     model.eval()
     with torch.no_grad():                             # every rank runs it: the forward gathers the weights
         logits = model(input_ids=fixed_batch().to(engine.device)).logits
@@ -264,9 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stages", type=int, nargs="*", default=[0, 2, 3])
     parser.add_argument("--exercise", nargs="+", default=None, metavar=("R", "TARGET"),
-                        help="also measure at stage 2 an adapter of rank R on these target modules")
+                        help="also measure at stage 3 an adapter of rank R on these target modules")
     parser.add_argument("--steps", type=int, default=6, help="training steps of each run")
-    parser.add_argument("--yours", help="a file defining adapter_state(model), called on every rank after training")
+    parser.add_argument("--adapter_state", metavar="FILE",
+                        help="only: save the adapter with the adapter_state(model) this file defines (needs --base)")
+    parser.add_argument("--base", help="the pretrained checkpoint --adapter_state loads (a run's base/ folder)")
     parser.add_argument("--one_device", nargs="+", default=None, metavar="CONFIG",
                         help="only: LoRA through the Trainer on one rank with each of these configs (bf16)")
     return parser
@@ -278,6 +300,9 @@ def main(argv=None) -> None:
     if args.one_device:
         one_device(args.one_device, args.steps)
         return finish()
+    if args.adapter_state:
+        yours_saved(args.adapter_state, args.base, args.steps)
+        return finish()
     base = save_base()
     gc.freeze()       # what the imports made never becomes garbage: the gc.collect calls of DeepSpeed (building and
                       # freeing engines) and of release() then walk only what comes after
@@ -285,13 +310,10 @@ def main(argv=None) -> None:
         for kind in ("full", "lora"):
             measure(stage, kind, LORA_R, list(LORA_TARGETS))
     if args.exercise:
-        measure(2, "exercise", int(args.exercise[0]), args.exercise[1:])
+        measure(3, "exercise", int(args.exercise[0]), args.exercise[1:])
     activations()
     engine, keep_alive = zero3_engine(base, args.steps)   # 2 · loading, training
     pitfall_and_fix(engine)                            # 3 · saving
-    if args.yours:
-        state = load_exercise(args.yours, ["adapter_state"])["adapter_state"](engine.module)
-        save_adapter("yours", engine.module, state if dist.get_rank() == 0 else None)
     release(engine)
     del keep_alive
     unset_hf_deepspeed_config()

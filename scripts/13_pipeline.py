@@ -5,8 +5,10 @@
    (the bubble), counted per schedule step, and the bytes its sends moved.
 2. The same model on one rank (plain PyTorch, the same AdamW, the same batches): the losses side by side.
 3. ZeRO-2 asked of the pipeline engine: DeepSpeed's own refusal.
-4. A layer list with a frozen base, partitioned "uniform", "parameters" and by your ``build_pipeline`` (--yours):
-   parameters per stage, all and trainable.
+4. A layer list with a frozen base, partitioned "uniform" and "parameters": parameters per stage, all and trainable.
+   With --partitions_only --yours FILE, only that, and also as your ``build_pipeline`` partitions it (exercise 2).
+   With --exercise_batch N: the pipeline once more from the config with ``train_batch_size`` N instead of
+   ``gradient_accumulation_steps`` (exercise 1): the micro-batches DeepSpeed derived and the schedule each stage ran.
 5. DeepSpeed-Ulysses' DistributedAttention against one-rank attention, with its all-to-all bytes.
 6. AutoTP (``tensor_parallel``) on the course's GPT-2 and on a tiny Llama.
 
@@ -27,7 +29,7 @@ from course_utils.rank import parallel as pp
 from course_utils.rank.models import tiny_gpt2
 from course_utils.rank.parallel_comm import autotp, tiny_llama, ulysses_check
 from course_utils.common.record import record
-from course_utils.common.records.parallel import Bubble, Partition, PipeLosses, StageBytes, StageStream
+from course_utils.common.records.parallel import Bubble, FromConfig, Partition, PipeLosses, StageBytes, StageStream
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 LOSS_M = 4         # micro-batches of the run compared with one rank
@@ -112,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--batches", type=int, default=8, help="train_batch calls per m (the first warms up)")
+    parser.add_argument("--exercise_batch", type=int, default=None,
+                        help="also build the pipeline from train_batch_size N (DeepSpeed derives the micro-batches)")
+    parser.add_argument("--partitions_only", action="store_true", help="only the partitions of the frozen-base model")
     parser.add_argument("--yours", default=None, help="a file defining build_pipeline(layers, num_stages, loss_fn)")
     return parser
 
@@ -121,13 +126,18 @@ def main(argv=None) -> None:
     config = load_config(args)
     deepspeed.init_distributed()
     torch.set_num_threads(1)          # one core per rank: a waiting stage leaves its core to the other one
+    yours = load_exercise(args.yours, ["build_pipeline"]).get("build_pipeline") if args.yours else None
+    if args.partitions_only:
+        partitions(yours)
+        return finish()
     pipe_losses = sweep(config, args.micro_batches, args.batches)
+    if args.exercise_batch:
+        record(FromConfig(ranks=dist.get_world_size(), **pp.from_batch_keys(config, args.exercise_batch)))
     record(PipeLosses(label="pipeline, 2 stages", losses=pipe_losses))
     if dist.get_rank() == 0:
         record(PipeLosses(label="one rank", losses=one_rank(config, args.batches)))
     record("pipeline_zero1_error", refused(config, 1))
     record("pipeline_zero2_error", refused(config, 2))
-    yours = load_exercise(args.yours, ["build_pipeline"]).get("build_pipeline") if args.yours else None
     partitions(yours)
     record(ulysses_check())
     record(autotp("GPT-2 (the course's)", tiny_gpt2("checkpoints"), dist.get_world_size()))

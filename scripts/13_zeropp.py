@@ -4,7 +4,9 @@
    one forward and backward, counted by where its bytes come from (this rank's node or the other one).
 2. qwZ and qgZ (``zero_quantized_weights``, ``zero_quantized_gradients``): DeepSpeed's own message on this machine.
 3. DeepSpeed-Ulysses on 4 ranks against one-rank attention.
-4. The 2-stage pipeline with 2 data-parallel replicas, at ZeRO stages 0 and 1: the optimizer's bytes per rank.
+4. The 2-stage pipeline with 2 data-parallel replicas, at ZeRO stages 0 and 1: the optimizer's bytes per rank; with
+   --exercise_batch N, once more from ``train_batch_size`` N (exercise 1 of notebook 13): the micro-batches DeepSpeed
+   derived and the schedule each stage ran.
 
 Run from a terminal (on one node of 4 ranks every gather stays inside the node; the course starts 2 launchers of 2
 ranks with --no_ssh, as notebook 01 does):
@@ -23,7 +25,7 @@ from course_utils.rank import parallel as pp
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.parallel_comm import GatherCounter, ulysses_check
 from course_utils.common.record import record
-from course_utils.common.records.parallel import PipeZero
+from course_utils.common.records.parallel import FromConfig, PipeZero
 from course_utils.rank.scaffolding import finish, load_config, parse_args, read_config
 
 SMALL = 64         # block width of the pipeline here: the optimizer's bytes are what is measured, not time
@@ -64,7 +66,10 @@ def pipeline_zero1() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--exercise_batch", type=int, default=None,
+                        help="also build the pipeline from train_batch_size N (DeepSpeed derives the micro-batches)")
+    return parser
 
 
 def main(argv=None) -> None:
@@ -85,6 +90,9 @@ def main(argv=None) -> None:
         record(f"{name}_cpu_error", zero3_step(quantized, name, None))
     record(ulysses_check())
     pipeline_zero1()
+    if args.exercise_batch:
+        config = read_config(paths.CONFIGS / "13_pipeline.json")
+        record(FromConfig(ranks=dist.get_world_size(), **pp.from_batch_keys(config, args.exercise_batch, width=SMALL)))
     finish()
 
 

@@ -18,7 +18,7 @@ import deepspeed
 import torch.distributed as dist
 
 from course_utils.common.record import record
-from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, nvme_keys
+from course_utils.common.records.bigger import CONFIGURATIONS, SIZES
 from course_utils.rank.bigger import apply_limit, charged, limit_peak, load_ops, start_peak, train_size
 from course_utils.rank.engine import training_dtype
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nvme_dir", default=None, help="folder for the swap files of the NVMe configuration")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per size")
     parser.add_argument("--nvme_keys_file", default=None,
-                        help="a file defining nvme_keys(folder, largest_param): the NVMe keys to run (notebook 16's exercise)")
+                        help="a file defining nvme_keys(folder, largest_param): the NVMe keys to run (notebook 16's "
+                        "exercise); without it, DeepSpeed's defaults beside the device and the folder")
     return parser
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> None:
     dtype = training_dtype()
     load_ops(args.configuration)
     folder = str(Path(args.nvme_dir) / f"rank{dist.get_rank()}") if args.nvme_dir else None
-    nvme = load_exercise(args.nvme_keys_file, ["nvme_keys"])["nvme_keys"] if args.nvme_keys_file else nvme_keys
+    nvme = load_exercise(args.nvme_keys_file, ["nvme_keys"])["nvme_keys"] if args.nvme_keys_file else None
     limit = apply_limit(args.cap_mb * 2**20, args.cgroup_procs)
     record(limit)
     rank0_print(f"{args.configuration}: under a {limit.kind} limit of {args.cap_mb} MiB")

@@ -85,8 +85,14 @@ del _ip.showtraceback
 open({out!r}, "w").write(_json.dumps(_outcomes))
 """
 
-# Which declared wrong answers the notebook tests replay: "kernel" (those whose check launches no ranks) or "all".
+# Which declared wrong answers the notebook tests replay: "all" (the default, as `make test` runs them) or "kernel"
+# (only those whose check launches no ranks: a quicker run while writing a notebook).
 TRIALS_ENV = "COURSE_TRIALS"
+
+
+def replays_launches() -> bool:
+    """Whether the notebook tests replay the wrong answers whose check launches ranks (see TRIALS_ENV)."""
+    return os.environ.get(TRIALS_ENV, "all") != "kernel"
 
 
 def trials_of(nb, ex: dict, launches: bool) -> list[tuple]:
@@ -106,12 +112,12 @@ def with_student_replay(notebook: Path, out: Path, launches: bool | None = None)
     """A copy of ``notebook`` ending in a cell that replays each exercise with the student source (the
     nbgrader stub) followed by its check cell, and then each of its declared wrong answers (tests/answers), in the
     kernel that has just run the whole notebook. ``launches``: also the answers whose check launches ranks (by
-    default when ``COURSE_TRIALS=all``)."""
+    default unless ``COURSE_TRIALS=kernel``)."""
 
     from course_utils.tooling.student import exercises, student_source
 
     if launches is None:
-        launches = os.environ.get(TRIALS_ENV, "kernel") == "all"
+        launches = replays_launches()
     nb = nbformat.read(str(notebook), as_version=4)
     nb.metadata["course_name"] = notebook.stem
     replay = [(ex["name"], student_source(nb.cells[ex["cell"]].source), nb.cells[ex["cell"]].source,
@@ -191,7 +197,9 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
 
     Fails the test with the failing cell and its error when the notebook does not run through. Then, in
     the same kernel, each exercise's check must raise ``ExerciseNotDone`` on the student edition's source
-    of the exercise (see ``with_student_replay``): the student copy's checks fail without a second run.
+    of the exercise (see ``with_student_replay``): the student copy's checks fail without a second run; and each
+    wrong answer declared for it in tests/answers must be refused (on a described machine, only those whose check
+    launches nothing: the CPU run replays them all).
     """
     key = (name, json.dumps(parameters, sort_keys=True, default=str), str(source), json.dumps(machine, sort_keys=True))
     if key in _EXECUTED:
@@ -206,7 +214,8 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
         if machine:     # what this CPU process was told about its own ops and accelerator is not the GPU machine's
             for variable in ("TORCH_EXTENSIONS_DIR", devices.ACCELERATOR_ENV):
                 os.environ.pop(variable, None)
-        outcome = execute(with_student_replay(notebook, outcomes), paths.build_dir() / "executed" / notebook.name,
+        replay = with_student_replay(notebook, outcomes, launches=None if machine is None else False)
+        outcome = execute(replay, paths.build_dir() / "executed" / notebook.name,
                           {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
         left_behind = sorted(p.name for p in scratch.iterdir() if p.name not in TEMPORARY_CACHES)
     leftover = [p.pid for run in set(paths.runs_dir().glob("*")) - runs_before for p in processes_of(run)]

@@ -1,8 +1,8 @@
 """Notebook 16's pieces without a launch: which limit a rank takes, the fraction a GPU rank gives its allocator, how a
-launch's records become fit / out of memory, DeepSpeed's estimate per configuration, and the exercise's check."""
+launch's records become fit / out of memory, DeepSpeed's estimate per configuration, and the exercises' checks."""
 import pytest
 
-from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, Attempt, Trial, nvme_keys, zero_keys
+from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, Attempt, Trial, zero_keys
 from course_utils.common.records.offload import Rung
 from course_utils.kernel.views import bigger as views
 from course_utils.rank import bigger
@@ -42,15 +42,33 @@ def test_the_cgroup_files_of_either_version_are_read(tmp_path):
     assert (v1 / "memory.max_usage_in_bytes").read_text() == "0"
 
 
-def test_the_nvme_configuration_swaps_into_a_folder_through_buffers_that_hold_the_largest_parameter():
+def test_the_nvme_configuration_swaps_into_a_folder_with_the_keys_it_is_given_else_deepspeed_s_defaults():
     with pytest.raises(ValueError, match="nvme_folder"):
         zero_keys("ZeRO-3 + NVMe")
     stage, keys = zero_keys("ZeRO-3 + NVMe", "/tmp/swap", largest_param=3_000_000)
-    assert stage == 3 and keys["offload_param"]["nvme_path"] == keys["offload_optimizer"]["nvme_path"] == "/tmp/swap"
-    assert keys["offload_param"]["buffer_size"] >= 3_000_000 and keys["offload_param"]["max_in_cpu"] == 0
+    assert stage == 3 and keys["offload_param"] == keys["offload_optimizer"] == {"device": "nvme", "nvme_path": "/tmp/swap"}
+
+    def learners(folder, largest):
+        return {"offload_optimizer": {"device": "nvme", "nvme_path": folder},
+                "offload_param": {"device": "nvme", "nvme_path": folder, "buffer_size": largest}}
+    _, keys = zero_keys("ZeRO-3 + NVMe", "/tmp/swap", largest_param=3_000_000, nvme=learners)
+    assert keys["offload_param"]["buffer_size"] == 3_000_000 and keys["stage3_prefetch_bucket_size"] == 0
     assert zero_keys("no ZeRO") == (0, {})
     with pytest.raises(KeyError, match="configuration"):
         zero_keys("ZeRO-4")
+
+
+def test_no_course_module_holds_exercise_2_s_nvme_keys():
+    """The NVMe keys made for a limit are notebook 16's exercise: the modules the notebook and its rank import hold
+    only DeepSpeed's defaults (the launch runs those until the learner writes theirs)."""
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadParamConfig
+
+    from course_utils.common.records import bigger as records
+
+    assert not hasattr(records, "nvme_keys") and not hasattr(bigger, "nvme_keys")
+    _, keys = CONFIGURATIONS["ZeRO-3 + NVMe"]
+    assert set(keys["offload_param"]) == set(keys["offload_optimizer"]) == {"device", "nvme_path"}
+    assert DeepSpeedZeroOffloadParamConfig(device="nvme", nvme_path="/tmp").max_in_cpu == int(1e9)   # the default
 
 
 def test_the_sizes_grow():
@@ -94,27 +112,30 @@ def test_the_estimate_is_deepspeed_s_for_the_configuration_on_one_rank():
     assert views.estimate("ZeRO-3 + NVMe", psi, largest) == {"device": 4 * largest, "host": None}
 
 
-def outcome(status: str | None, host_side: int = 0) -> views.Outcome:
+def placed(accelerator_side: int, host_side: int) -> views.Outcome:
     size = views.EXERCISE_SIZE
-    trials = [trial(size, host_side)] if status == views.TRAINED else []
-    return views.Outcome("ZeRO-2 + offload_optimizer", 200, None, [attempt(size)], trials,
-                         statuses={size: status} if status else {})
+    rung = rung_with(host_side)
+    rung.accelerator_side_bytes = accelerator_side
+    t = Trial("ZeRO-2 + offload_optimizer", size, 10_000_000, 1_000_000, "fp32", [6.0, 4.0], 0.1, rung=rung)
+    return views.Outcome("ZeRO-2 + offload_optimizer", 352, None, [attempt(size)], [t], statuses={size: views.TRAINED})
 
 
-def test_the_exercise_check_needs_the_outcome_and_the_bytes_and_never_names_them():
-    states = 16 * views.parameters(views.EXERCISE_SIZE) / MiB
-    good = {"configuration": "ZeRO-2 + offload_optimizer", "cap_mb": int(states) + 10, "fits": False, "host_side_mib": 0}
-    assert views.exercise_problem(good, outcome(views.OUT_OF_MEMORY)) is None
-    wrong = views.exercise_problem({**good, "fits": True}, outcome(views.OUT_OF_MEMORY))
-    assert "differs" in wrong and "out of memory" not in wrong
-    assert "offload" in views.exercise_problem({**good, "configuration": "no ZeRO"}, outcome(views.OUT_OF_MEMORY))
-    assert "16 bytes" in views.exercise_problem({**good, "cap_mb": int(states) - 1}, outcome(views.OUT_OF_MEMORY))
-    assert "keys" in views.exercise_problem({"configuration": "ZeRO-2 + offload_optimizer"}, outcome(None))
-    trained = outcome(views.TRAINED, host_side=100 * MiB)
-    assert views.exercise_problem({**good, "fits": True, "host_side_mib": 105}, trained) is None
-    off = views.exercise_problem({**good, "fits": True, "host_side_mib": 120}, trained)
-    assert "off by more than" in off and "100" not in off
-    assert "other than memory" in views.exercise_problem(good, outcome(views.FAILED))
+def test_the_placement_check_reads_both_sides_within_a_tenth_of_the_model_states_and_never_names_them():
+    psi = 10_000_000                   # the trial's parameters: model states of 160 MB, a tolerance of 16 MB a side
+    outcome = placed(4 * psi, 16 * psi)
+    good = {"accelerator_side_mib": 4 * psi / MiB, "host_side_mib": 16 * psi / MiB}
+    assert views.placement_problem(good, outcome) is None
+    assert views.placement_problem({"accelerator_side_mib": 5.2 * psi / MiB, "host_side_mib": 15 * psi / MiB},
+                                   outcome) is None
+    everything_on_the_host = views.placement_problem({"accelerator_side_mib": 0, "host_side_mib": 16 * psi / MiB}, outcome)
+    assert "accelerator side" in everything_on_the_host and "host side" not in everything_on_the_host
+    assert "less" in everything_on_the_host and "38" not in everything_on_the_host and "152" not in everything_on_the_host
+    grads_stay = views.placement_problem({"accelerator_side_mib": 8 * psi / MiB, "host_side_mib": 12 * psi / MiB}, outcome)
+    assert "accelerator side" in grads_stay and "host side" in grads_stay
+    assert "keys" in views.placement_problem({"host_side_mib": 1.0}, outcome)
+    nothing = views.Outcome("ZeRO-2 + offload_optimizer", 352, None, [attempt(views.EXERCISE_SIZE)], [], error=SIGKILL,
+                            statuses={views.EXERCISE_SIZE: views.OUT_OF_MEMORY})
+    assert "did not train" in views.placement_problem(good, nothing)
 
 
 def test_every_configuration_has_an_estimate_and_a_stage():
@@ -139,12 +160,3 @@ def test_the_nvme_check_reads_where_the_states_went():
     assert "DeepSpeed stopped" in refused
     assert "swap files hold less" in views.nvme_problem(nvme_outcome(views.TRAINED, 8 * psi, 4 * psi))
     assert "more than the gradients" in views.nvme_problem(nvme_outcome(views.TRAINED, 16 * psi, 8 * psi))
-
-
-def test_the_course_s_nvme_keys_keep_parameters_out_of_host_memory_and_buffers_whole():
-    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadParamConfig
-
-    keys = nvme_keys("/tmp/swap", 2_359_296)["offload_param"]
-    parsed = DeepSpeedZeroOffloadParamConfig(**keys)            # DeepSpeed's own config class accepts them
-    assert parsed.max_in_cpu == 0 and parsed.buffer_size >= 2_359_296
-    assert DeepSpeedZeroOffloadParamConfig(device="nvme", nvme_path="/tmp").max_in_cpu == int(1e9)   # the default

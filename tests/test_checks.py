@@ -71,3 +71,21 @@ def test_cells_after_an_unsolved_exercise_run_on_the_course_answer(tmp_path, cap
         checks.require_done(fixed_config, hint="write it")
     assert checks.export_done((fixed_config, solved), tmp_path) == [str(tmp_path / "solved.py")]
     assert "not written yet: fixed_config" in capsys.readouterr().out
+
+
+def test_a_launch_that_fails_with_the_learners_code_is_the_checks_refusal():
+    from course_utils.kernel.launch import LaunchError
+
+    def failing(text):
+        def run():
+            raise LaunchError(text, result=None)
+        return run
+
+    with pytest.raises(checks.ExerciseNotDone):
+        checks.launch_exercise(failing("Rank 1 failed:\nNotImplementedError"), hint="write it")
+    with pytest.raises(checks.ExerciseCheckError) as refused:
+        checks.launch_exercise(failing("Rank 1 failed (launch exit code 1):\nFileNotFoundError: vocabulary.txt"),
+                               hint=("wait for rank 0", "a collective every rank reaches"))
+    assert not isinstance(refused.value, checks.ExerciseNotDone)
+    assert "Rank 1 failed" in str(refused.value) and "FileNotFoundError" in str(refused.value)
+    assert "wait for rank 0" in str(refused.value)

@@ -5,6 +5,7 @@ import pytest
 
 from course_utils.common import paths
 from course_utils.kernel.config_doctor import world_of
+from course_utils.kernel import configs
 from course_utils.kernel.configs import ConfigError, diagnose, validate
 
 
@@ -212,3 +213,12 @@ def test_file_errors_say_where(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="JSON object"):
         validate(tmp_path / "list.json")
+
+
+def test_deepspeed_verdict_is_deepspeeds_own_word_for_that_many_ranks():
+    config = {**configs.load("02_emotion.json")[0], "train_batch_size": 256, "gradient_accumulation_steps": 4}
+    parsed, said = configs.deepspeed_verdict(config, 2)
+    assert said == "" and parsed.train_micro_batch_size_per_gpu == 32
+    parsed, said = configs.deepspeed_verdict(config, 8)
+    assert parsed is None and said.startswith("AssertionError") and "256 != 32 * 4 * 8" in said
+    assert "derives" not in said, "DeepSpeed's words only, no course hint"

@@ -50,12 +50,6 @@ def test_tokenize_gives_fixed_length_tensors(splits):
     assert set(encoded.format["columns"]) == {"idx", "input_ids", "attention_mask", "label"}
 
 
-def test_shard_loader_pads_and_covers():
-    shards = [[i for b in data.shard_loader(list(range(7)), 2, r, 3) for i in b.tolist()] for r in range(3)]
-    assert [len(s) for s in shards] == [3, 3, 3]
-    assert set(sum(shards, [])) == set(range(7))
-
-
 def test_tiny_bert_classifier_is_seeded_and_named():
     a = models.tiny_bert_classifier(100, 6, labels=data.EMOTION_LABELS, seed=3)
     b = models.tiny_bert_classifier(100, 6, labels=data.EMOTION_LABELS, seed=3)
@@ -107,12 +101,6 @@ def one_rank_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
-
-
-def test_gather_predictions_keeps_each_index_once(one_rank_group):
-    idx, preds, labels = distributed.gather_predictions(torch.tensor([3, 1, 2, 3]), torch.tensor([0, 1, 2, 0]),
-                                                        torch.tensor([5, 4, 3, 5]))
-    assert idx.tolist() == [1, 2, 3] and preds.tolist() == [1, 2, 0] and labels.tolist() == [4, 3, 5]
 
 
 def test_run_collectives_on_one_rank(one_rank_group):

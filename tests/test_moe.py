@@ -45,3 +45,44 @@ def test_gloos_complaint_is_found_in_each_ranks_log():
     said = views.gloo_complaint(logs)
     assert set(said) == {0, 1}
     assert "collective mismatch" in said[1] and said[0].endswith("Connection reset by peer")
+
+
+def test_the_optimizer_check_reads_the_groups_deepspeed_needs_before_any_rank_starts():
+    """Exercise 2's refusal before a launch: expert parameters mixed with others, unmarked, or in a group named after
+    no expert group; a config with its own optimizer. Groups built right pass, whatever their settings (those the
+    launch measures)."""
+    import torch
+    from deepspeed.moe.utils import is_moe_param
+
+    def built(mark=True, name=None, mixed=False, config=None):
+        def moe_zero2(model):
+            experts = [p for p in model.parameters() if is_moe_param(p)]
+            others = [p for p in model.parameters() if not is_moe_param(p)]
+            if mixed:
+                groups = [{"params": others + experts, "moe": mark, "name": "ep_size_2"}]
+            else:
+                groups = [{"params": others}, {"params": experts, "moe": mark, "name": name or experts[0].group_name}]
+            return config or {"zero_optimization": {"stage": 2}}, torch.optim.AdamW(groups, lr=1e-3)
+        return moe_zero2
+
+    assert views.optimizer_problem(built()) is None
+    assert "not marked" in views.optimizer_problem(built(mark=False))
+    assert "named 'experts'" in views.optimizer_problem(built(name="experts"))
+    assert "together" in views.optimizer_problem(built(mixed=True))
+    assert "optimizer section" in views.optimizer_problem(built(config={"optimizer": {"type": "AdamW"}}))
+
+
+@pytest.mark.parametrize("section, said", [({"classes": ["ExpertListBlock"]}, None), ({"name_suffixes": ["mlp"]}, None),
+                                           ({"classes": ["OlmoeDecoderLayer"]}, None),
+                                           ({"classes": ["OlmoeSparseMoeBlock"]}, "no module"),
+                                           ({"name_suffixes": ["experts"]}, "never runs"),
+                                           ({"names": ["model.layers"]}, "never runs"),
+                                           ({"names": ["model.layers.0.mlp"]}, "not inside"),
+                                           ({"classes": ["Linear"]}, "not inside"),
+                                           ({"class": ["ExpertListBlock"]}, "config class refuses"),
+                                           (["ExpertListBlock"], "return a dict")])
+def test_the_leaf_check_marks_the_leaves_as_deepspeed_does(section, said):
+    """Exercise 3's refusal before a launch, with DeepSpeed's own config class and matching on the expert-list model: a
+    leaf must hold each sparse block whole and run its own forward (a decoder layer holding the block does too)."""
+    got = views.leaf_problem(section)
+    assert got is None if said is None else said in got

@@ -62,3 +62,4 @@ def test_the_script_measures_the_loss_the_model_trained_on():
             s.own_loss(seen, batch, "cpu")          # each step needs its own forward
     model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     assert seen == {}, "the hook is gone once training ends"
+

@@ -182,3 +182,49 @@ def check_the_plain_read_finds_placeholders_at_stage_3(m):
         assert placeholder["transformer.h.0.mlp.c_fc.weight"] == [[0], 0.0]
         assert placeholder["transformer.h.0.ln_1.weight"][0] == whole["transformer.h.0.ln_1.weight"][0] == [384]
         assert whole["transformer.wte.weight"][0] == [8192, 384]
+
+
+def test_the_kernel_checks_of_the_exercises_pass_the_course_answers_and_name_the_slips():
+    """Exercises 1–3 judged here without a launch: DeepSpeed's own shard sizes, a stage-3 model on a world of one rank
+    in this process, and the adjusted formula on 8 and 16 ranks."""
+    import copy
+    import json
+
+    import deepspeed
+    import torch.distributed as dist
+
+    from course_utils.kernel import configs
+    from course_utils.kernel.views import zero_exercises as ze
+
+    def predict(shape, world_size, after=0, cut=lambda n, w: -(-n // w)):
+        numel = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        return {"shard": cut(numel, world_size), "outside": 0, "inside": numel, "after": after}
+    shapes = [(8192, 384), (384,), (384, 1152), (1152,)]
+    assert ze.shard_mismatches(predict, shapes) == ""
+    assert "on 5 ranks" in ze.shard_mismatches(lambda s, w: predict(s, w, cut=lambda n, w: n // w), shapes)
+
+    def whole(params):
+        with deepspeed.zero.GatheredParameters(list(params.values())):
+            return {name: (tuple(p.shape), float(p.detach().norm())) for name, p in params.items()}
+    assert ze.whole_read_problems(whole) == []
+    assert "transformer.wte.weight: shape" in ze.whole_read_problems(
+        lambda params: {name: (tuple(p.shape), float(p.detach().norm())) for name, p in params.items()})
+    assert not dist.is_initialized(), "the one-rank world is gone after the check"
+
+    base = {**configs.load("zero0.json")[0], "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {"stage": 0, "reduce_bucket_size": 5e7}}
+    psi = 13_842_432
+
+    def plan(per_param):
+        def budget_plan(base, psi, n):
+            config, held = json.loads(json.dumps(base)), per_param(n)
+            stage = next(s for s in range(4) if held[s] <= 0.35 * 16)
+            config["zero_optimization"]["stage"] = stage
+            return config, held[stage] * psi
+        return budget_plan
+    deepspeed_holds = plan(lambda n: {0: 16, 1: 4 + 16 / n, 2: 4 + 16 / n, 3: 20 / n})
+    assert ze.budget_problems(deepspeed_holds, copy.deepcopy(base), psi, 16 * psi, 30720) == ""
+    the_paper = plan(lambda n: {0: 16, 1: 8 + 8 / n, 2: 4 + 12 / n, 3: 16 / n})
+    assert "holds more than the budget" in ze.budget_problems(the_paper, base, psi, 16 * psi, 30720)
+    always_3 = plan(lambda n: {0: 16, 1: 16, 2: 16, 3: 20 / n})
+    assert "a lower stage" in ze.budget_problems(always_3, base, psi, 16 * psi, 30720)

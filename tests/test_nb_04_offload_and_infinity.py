@@ -109,3 +109,36 @@ def test_ladder_nvme_and_knobs_are_measured():
         terms = {t["name"]: t for t in p["terms"]}
         assert "measured here" in terms["CPU Adam"]["rate_says"]
         assert ("NVMe" in terms) == p["label"].endswith("NVMe") and "offload transfers" in terms
+
+
+def test_the_kernel_checks_of_the_exercises_pass_the_course_answers_and_name_the_slips():
+    """Exercises 1 and 2 judged without a launch: DeepSpeed's config classes read the NVMe config for another folder,
+    DeepSpeed's mark_persistent_parameters runs on GPT-2 shapes built on the meta device."""
+    import copy
+
+    from course_utils.kernel.views import offload_exercises as oe
+    from course_utils.rank.models import tiny_gpt2
+
+    stage3 = load_config("zero3.json")[0]
+
+    def nvme(config, folder, sections=("offload_optimizer", "offload_param"), device="nvme"):
+        out = copy.deepcopy(config)
+        for section in sections:
+            out["zero_optimization"][section] = {"device": device, "nvme_path": folder}
+        return out
+    assert oe.nvme_problems(nvme, stage3) == ""
+    assert "no zero_optimization.offload_param" in oe.nvme_problems(lambda c, f: nvme(c, f, ("offload_optimizer",)), stage3)
+    assert "device 'cpu'" in oe.nvme_problems(lambda c, f: nvme(c, f, device="cpu"), stage3)
+    assert "elsewhere" in oe.nvme_problems(lambda c, f: nvme(c, "/somewhere/else"), stage3)
+
+    with torch.device("meta"):
+        model = tiny_gpt2("zero_lab")
+
+    def below_embedding(m):
+        return {"stage3_param_persistence_threshold": sorted(p.numel() for p in m.parameters())[-2]}
+    assert oe.persistence_problems(below_embedding, model) == ""
+    assert not hasattr(next(model.parameters()), "ds_numel"), "the notebook's model is left as it was"
+    assert "embedding is whole" in oe.persistence_problems(
+        lambda m: {"stage3_param_persistence_threshold": m.get_input_embeddings().weight.numel()}, model)
+    fixed = below_embedding(model)
+    assert "still partitioned" in oe.persistence_problems(lambda m: fixed, model)

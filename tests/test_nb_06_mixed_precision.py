@@ -12,7 +12,7 @@ pytestmark = pytest.mark.notebook
 
 # Bytes per gradient element in the all-reduce: the communication dtype DeepSpeed uses for each precision
 # (the training dtype by default; communication_data_type overrides it; torch_autocast: the autocast dtype).
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "bf16+fp32 comm": 4, "torch_autocast bf16": 2, "fp16": 2}
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "bf16+fp32 comm": 4, "torch_autocast bf16": 2, "torch_autocast fp16": 2, "fp16": 2}
 
 
 def replay(overflows, init_scale, window, hysteresis, min_scale, consecutive=False):
@@ -52,6 +52,9 @@ def test_notebook_runs_and_records_its_figures():
     assert (modules["fp32"], modules["bf16"], modules["bf16+fp32 comm"]) == ("float32", "bfloat16", "bfloat16")
     assert set(m["master_dtypes"].values()) == {"float32"}, "master weights are fp32 in every precision"
     assert modules["torch_autocast bf16"] == "float32" and m["forward_dtypes"]["torch_autocast bf16"] == "bfloat16"
+    # exercise 1's engine the page leaves out: autocast stores nothing in 16 bits and computes the forward in its dtype
+    assert (modules["torch_autocast fp16"], m["grad_dtypes"]["torch_autocast fp16"],
+            m["forward_dtypes"]["torch_autocast fp16"]) == ("float32", "float32", "float16")
     assert m["forward_dtypes"]["fp32"] == "float32"
     if hardware.detect().fp16:
         assert modules["fp16"] == "float16"
@@ -62,7 +65,7 @@ def test_notebook_runs_and_records_its_figures():
     # the bytes on the wire: ZeRO-1 all-reduces each of the Ψ gradient elements once per step, in the
     # communication dtype; the updated partition (Ψ / world size elements) is all-gathered in the module dtype
     psi, world = m["psi"], m["world_size"]
-    assert set(m["grad_allreduce_bytes"]) >= {"fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16"}
+    assert set(m["grad_allreduce_bytes"]) >= {"fp32", "bf16", "bf16+fp32 comm", "torch_autocast bf16", "torch_autocast fp16"}
     for name, nbytes in m["grad_allreduce_bytes"].items():
         assert nbytes == psi * ELEMENT_BYTES[name], (name, nbytes, psi)
     # engine.communication_data_type: the config's value, else the training dtype; blind to torch_autocast

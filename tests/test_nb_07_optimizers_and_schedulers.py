@@ -5,7 +5,7 @@ from conftest import run_notebook
 from course_utils.common.record import as_records
 from course_utils.common.records.schedules import Combo
 from course_utils.kernel import hardware
-from course_utils.rank.optimizers import LR
+from course_utils.rank.optimizers import ADAM_CASES, LR
 from course_utils.rank.trainer import OFFLOAD_VARIANTS, combo_key
 
 NAME = "07_optimizers_and_schedulers"
@@ -50,6 +50,8 @@ def test_notebook_runs_and_records_its_figures():
     assert opt_classes["Adam + offload"] == "DeepSpeedCPUAdam"
     assert opt_classes["Adam torch_adam=true + offload"] == "AdamW", "torch_adam is tested before offload"
     assert opt_classes["Adam torch_adam=true"] == "AdamW" and opt_classes["Adam"] == "FusedAdam"
+    # exercise 1's classic Adam (adam_w_mode false): torch_adam gives torch's Adam, offload or not; offload alone CPU Adam
+    assert [opt_classes[label] for label in ADAM_CASES.values()] == ["FusedAdam", "Adam", "DeepSpeedCPUAdam", "Adam"]
     assert final["Adam"] == pytest.approx(final["AdamW"], rel=1e-7), "Adam is AdamW by default"
     assert abs(final["Adam adam_w_mode=false"] - final["AdamW"]) > 1e-5
     assert outcomes["OneBitAdam"] == "AssertionError", "0.19.8 no longer ships OneBitAdam"
@@ -63,10 +65,12 @@ def test_notebook_runs_and_records_its_figures():
     peak = max(curves["WarmupLR (linear)"])
     increment = [b - a for a, b in zip(curves["WarmupLR (linear)"][1:], curves["WarmupLR (linear)"][2:])][0]
     raw, shifted = m["schedule_mapping_max_abs_diff"], m["schedule_mapping_shifted_diff"]
-    assert raw["linear vs WarmupDecayLR"] == pytest.approx(increment, rel=1e-6), "one step apart = one increment"
-    assert shifted["linear vs WarmupDecayLR"] < 1e-12 and shifted["constant_with_warmup vs WarmupLR (linear)"] < 1e-12
-    assert shifted["constant_with_warmup vs WarmupLR (log)"] > 0.05 * peak, "the log warm-up has another shape"
-    assert curves["WarmupDecayLR"][-1] < 0.2 * peak and max(curves["OneCycle"]) == pytest.approx(peak)
+    yours = "linear vs your section (exercise 2)"
+    assert raw[yours] == pytest.approx(increment, rel=1e-6), "one step apart = one increment"
+    assert shifted[yours] < 1e-12 and shifted["constant_with_warmup vs WarmupLR (linear)"] < 1e-12
+    for log in ("constant_with_warmup vs WarmupLR (log)", "linear vs WarmupDecayLR (log)"):
+        assert shifted[log] > 0.05 * peak, f"the log warm-up has another shape: {log}"
+    assert curves["WarmupDecayLR (log)"][-1] < 0.2 * peak and max(curves["OneCycle"]) == pytest.approx(peak)
     lr_range = curves["LRRangeTest"]
     assert all(b > a for a, b in zip(lr_range, lr_range[1:])), "LRRangeTest only grows"
     # the warm-up schedulers repeat their minimum once; LRRangeTest and OneCycle move from the second step

@@ -16,6 +16,12 @@ def test_notebook_runs_and_records_its_figures():
     # exercise 1 (solution copy): the prediction made before the launch is what the engine and the Trainer reported
     assert m["run_prediction"] == {"train_batch_size": m["train_batch_size"], "steps": m["steps"]}
     assert m["train_batch_size"] == 32 * m["world_size"]
+    # the ranks' count of batches per rank, which the check also asks about for other splits, is the Trainer's own:
+    # for the run's split, times the epochs, it is the steps the Trainer took (no accumulation)
+    examples, batch, ranks, batches = m["batches_per_rank"][0]
+    assert (examples, batch, ranks) == (m["train_samples"], 32, m["world_size"]) and batches * m["epochs"] == m["steps"]
+    assert [row[:3] for row in m["batches_per_rank"][1:]] == [[1001, 25, 2], [230, 16, 3]]
+    assert [row[3] for row in m["batches_per_rank"][1:]] == [21, 5], "a last batch that is not full is a step; ranks share"
     # exercise 2: the learner's ZeRO-3 config built a stage-3 engine with both offloads
     assert as_records(m["zero3_engine"], EngineSetup) == [EngineSetup(stage=3, train_batch_size=m["train_batch_size"],
                                                                       optimizer="DeepSpeedCPUAdam", offload_param=True,

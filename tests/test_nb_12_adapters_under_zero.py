@@ -36,9 +36,13 @@ def test_lora_accounting_saving_and_hand_off():
         assert lora["optimizer"] == pytest.approx(f["optimizer"], rel=0.01)
     assert by[(0, "lora")]["params"] == by[(2, "lora")]["params"]            # frozen weights: only stage 3 divides them
     assert by[(3, "lora")]["params"] < 0.6 * by[(2, "lora")]["params"]
-    # exercise 1 (r = 4 on c_fc and both c_proj): 12 bytes per trainable parameter over the ranks at ZeRO-2
-    assert m["exercise_trainable"] == 2 * 4 * ((64 + 256) + (64 + 64) + (256 + 64))
-    assert m["exercise_optimizer_bytes"] == pytest.approx(12 * m["exercise_trainable"] / n, rel=0.01)
+    # exercise 1 (r = 4 on c_fc and both c_proj) at ZeRO-3: every weight partitioned, each of at most 640 elements also
+    # whole on every rank (the base's biases and layer norms, 1,792, and 8 of the adapter's 12 tensors, 2,048), and
+    # 4 + 12 bytes per trainable parameter over the ranks
+    T = m["exercise_trainable"]
+    assert T == 2 * 4 * ((64 + 256) + (64 + 64) + (256 + 64)) and m["exercise_total"] == 105_216 + T
+    whole = 1_792 + 2_048
+    assert m["exercise_model_states"] == pytest.approx(4 * m["exercise_total"] / n + 4 * whole + 16 * T / n, rel=0.01)
     # collectives: LoRA reduces only its gradients; ZeRO-3 gathers every weight for LoRA as for full fine-tuning
     comm = {(c["stage"], c["kind"], c["collective"]): c["bytes"] for c in m["comm"]}
     assert comm[(2, "lora", "all_reduce")] == 4 * m["lora_trainable_params"]

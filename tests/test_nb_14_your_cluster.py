@@ -53,8 +53,10 @@ def test_deepspeed_under_slurm_three_ways_and_the_drills():
     assert alone["exit_code"] != 0 and "--node_rank is not set correctly" in alone["output"]
     # the exercise's batch job, the crash, the drained node
     assert m["sbatch_job_state"] == "COMPLETED"
-    assert m["sbatch_job_nodes"] == 2 and m["sbatch_node_files"] == 2
-    assert sorted((r.node, r.node_rank) for r in as_records(m["sbatch_ranks"], SlurmRank)) == [("n1", 0), ("n2", 1)]
+    assert m["sbatch_job_nodes"] == 2 and m["sbatch_node_files"] == 2          # 2 ranks on each of 2 nodes: a world of 4
+    sbatch = as_records(m["sbatch_ranks"], SlurmRank)
+    assert sorted((r.node, r.node_rank, r.local_rank) for r in sbatch) == [("n1", 0, 0), ("n1", 0, 1), ("n2", 1, 0), ("n2", 1, 1)]
+    assert {(r.world_size, r.all_reduce) for r in sbatch} == {(4, 1.0 + 2.0 + 3.0 + 4.0)}
     assert m["crash_exit_code"] != 0 and m["crash_first_failing_rank"] == 1
     assert "n2: task 1: Exited with exit code 1" in m["crash_srun_line"]
     assert "ReqNodeNotAvail" in m["drained_pending_reason"]

@@ -71,6 +71,22 @@ def test_06_precision_and_scheduler_configs():
     assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16 and bf16["scheduler"] == base["scheduler"]
     assert s.lr_config(base, "fp16")["fp16"] == {"enabled": True, "loss_scale": 1}
     assert "fp16" in base, "the base config is left alone"
+    for name, dtype in (("torch_autocast bf16", "bfloat16"), ("torch_autocast fp16", "float16")):
+        assert s.precision_config(base, name)["torch_autocast"] == {"enabled": True, "dtype": dtype}
+
+
+# Notebook 06's exercise 2: the fp16 section that drew the target curve. It lives here, not in a module the notebook
+# imports, so that no learner can read it from the course.
+TARGET_FP16 = {"loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 4, "hysteresis": 3,
+               "consecutive_hysteresis": True, "min_loss_scale": 1}
+
+
+def test_06_target_curve_is_what_deepspeeds_scaler_draws():
+    overflows, scales = precision.target_scale_curve()
+    assert precision.scale_curve(TARGET_FP16, overflows) == scales
+    assert set(TARGET_FP16) - {"loss_scale"} == set(precision.SCALER_KEYS)
+    assert not any(isinstance(v, dict) and "initial_scale_power" in v for v in vars(precision).values()), \
+        "no fp16 section of the target in the module the notebook imports"
 
 
 def test_random_batch_differs_per_rank_and_repeats():
@@ -146,6 +162,7 @@ def test_07_optimizer_and_scheduler_sections():
     for (torch_adam, offload), label in ADAM_CASES.items():
         cfg = s.optimizer_config(base, label)
         assert cfg["optimizer"]["type"] == "Adam" and cfg["optimizer"]["params"].get("torch_adam", False) is torch_adam
+        assert cfg["optimizer"]["params"]["adam_w_mode"] is False, "exercise 1 asks about classic Adam"
         assert ("offload_optimizer" in cfg.get("zero_optimization", {})) is offload
     cfg = s.optimizer_config(base, "Adam + offload")
     cfg["zero_optimization"]["stage"] = 3
@@ -154,4 +171,7 @@ def test_07_optimizer_and_scheduler_sections():
     assert {v["type"] for v in sections.values()} == {"LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR",
                                                       "WarmupCosineLR"}
     assert 6 < decay_end(24, 6) < 24 and sections["WarmupCosineLR"]["params"]["total_num_steps"] == decay_end(24, 6)
+    hf_shaped = [label for label, v in sections.items() if v["type"] == "WarmupDecayLR"
+                 and v["params"].get("warmup_type") == "linear" and v["params"]["warmup_min_lr"] == 0]
+    assert not hf_shaped, "notebook 07's exercise 2 (HF's linear shape) must not be a section the course hands out"
 

@@ -107,6 +107,12 @@ def test_the_projection_exercise_takes_a_worked_answer_and_refuses_a_copier_and_
         return one_gpu._course(one_gpu.SCENARIO)
     assert "yourself" in one_gpu.exercise_problem(reads_the_check(), reads_the_check)
 
+    def renames_the_course():               # no name of the course's projection in its source: caught by running it
+        from course_utils.kernel.scale.project import step as count_it
+        p = count_it(models.size("GPT-2 XL"), "A100 40 GB", 8, stage=2, tokens_per_gpu=8 * 1024, mfu=0.45)
+        return {"device_gb": p.memory["device"] / 1e9, "step_seconds": p.seconds}
+    assert "yourself" in one_gpu.exercise_problem(renames_the_course(), renames_the_course)
+
 
 def test_an_8b_model_on_one_24gb_gpu():
     rows, projections = one_gpu.eight_b_on_24gb(4e-9)

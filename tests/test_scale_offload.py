@@ -1,5 +1,5 @@
-"""course_utils.kernel.scale.offload and the formulas it checks (counts.offload_moved, nvme_moved, all_to_all_sent):
-each against counts written out by hand for a small case, without a launch."""
+"""course_utils.kernel.scale.offload and the formulas it checks (counts.offload_moved, nvme_moved, and the all-to-all
+count notebook 15 hands it): each against counts written out by hand for a small case, without a launch."""
 import json
 
 import pytest
@@ -27,11 +27,13 @@ def test_nvme_moved_counts_states_gradients_and_parameters_beyond_max_in_cpu():
     assert counts.nvme_moved(8, 2, True, 2, max_in_cpu=1) == {"read": 76, "write": 70}
 
 
-def test_all_to_all_sent_by_hand():
-    # E 4, C 16, h 32, fp32, ep 2: each of the 2 all-to-alls sends half of 4·16·32·4 = 8192 bytes
-    assert counts.all_to_all_sent(4, 16, 32, 2, 4) == 8192
-    assert counts.all_to_all_sent(4, 16, 32, 4, 2) == 6144          # bf16, 3/4 leaves the rank
-    assert counts.all_to_all_sent(4, 16, 32, 1, 4) == 0
+def sent(experts, capacity, hidden, ep, b):
+    """Notebook 15's count, as its section 4 writes it: two all-to-alls of E·C·h elements, (ep − 1)/ep of each leaves."""
+    return 2 * experts * capacity * hidden * b * (ep - 1) / ep
+
+
+def test_no_course_module_holds_the_all_to_all_count():
+    assert not hasattr(counts, "all_to_all_sent"), "notebook 15's exercise 1 asks for it: no module may answer it"
 
 
 def test_the_swap_threshold_and_defaults_are_deepspeeds():
@@ -159,7 +161,7 @@ def _size(**kw):
 
 def test_moe_step_counts_by_hand():
     # 4 experts of 100 parameters in each of 2 layers; 16 tokens a GPU, top-1, capacity factor 1: C = 4
-    c = offload.moe_step_counts(_size(), 16, 1.0, ep=2, b=2)
+    c = offload.moe_step_counts(_size(), 16, 1.0, ep=2, sent=sent, b=2)
     assert c["capacity"] == 4 and c["one expert"] == 100
     # per layer and forward: a buffer of 4·4·8 elements, 2 bytes, half of it sent, twice: 256; × 2 passes × 2 layers
     assert c["sent"] == 1024
@@ -168,10 +170,10 @@ def test_moe_step_counts_by_hand():
 
 
 def test_mixtral_projections():
-    ps = offload.moe_projections()
+    ps = offload.moe_projections(sent)
     assert len(ps) == 8 and all(offload.missing(p.record()) == [] for p in ps)
     one_expert = 3 * 4096 * 14336                         # w1, w2, w3 of one Mixtral expert
-    c = offload.moe_step_counts(models.size("Mixtral-8x7B shape"), 4096, 1.25, 8)
+    c = offload.moe_step_counts(models.size("Mixtral-8x7B shape"), 4096, 1.25, 8, sent)
     assert c["one expert"] == one_expert and c["capacity"] == 1280          # ⌈4096 / 8 · 2 · 1.25⌉
     assert c["sent"] == pytest.approx(32 * 2 * 2 * 8 * 1280 * 4096 * 2 * 7 / 8)
     table = offload.moe_table(ps)
@@ -182,17 +184,18 @@ def test_mixtral_projections():
         h100.loc[(1.0, "NVLink 4 (H100)"), "all-to-all's share"], abs=0.002)
 
 
-def _layout(rank, ep, alltoall, experts=4, k=1, factor=1.0, label=None):
+def _layout(rank, ep, forward, experts=4, k=1, factor=1.0, label=None):
     value = dict(label=label or f"4 experts, ep_size {ep}", world_size=2, rank=rank, experts=experts, ep_size=ep, k=k,
                  capacity_factor=factor, ffn=64, hidden=32, tokens=64, local_experts=[], expert_numel=0, dense_numel=0,
-                 one_expert_numel=0, ep_group=[], expert_dp_group=[], alltoall=alltoall, capacity=0)
+                 one_expert_numel=0, ep_group=list(range(ep)), expert_dp_group=[],
+                 alltoall={size: 2 * n for size, n in forward.items()}, alltoall_forward=forward, capacity=0)
     return json.loads(json.dumps({"name": "moe_layout", "value": value, "rank": rank}))
 
 
 def test_alltoall_agreement_against_logged_messages():
-    # ep 2, E 4, C 16, h 32, fp32: 4 messages of 8192 bytes logged a step; a rank sends 8192 bytes per forward
-    records = [_layout(0, 1, {}), _layout(0, 2, {"8192": 4}), _layout(1, 2, {"8192": 4})]
-    [row] = offload.alltoall_agreement(records)
-    assert (row["formula"], row["measured"], row["within"]) == (8192, 8192, True)
-    [short] = offload.alltoall_agreement([_layout(0, 2, {"4096": 4})])        # half the bytes logged: refused
+    # ep 2, E 4, C 16, h 32, fp32: 2 messages of 8192 bytes logged in a forward, of which each rank sends half
+    records = [_layout(0, 1, {}), _layout(0, 2, {"8192": 2}), _layout(1, 2, {"8192": 2})]
+    rows = offload.alltoall_agreement(sent, records)
+    assert [(r["formula"], r["measured"], r["within"]) for r in rows] == [(8192, 8192, True)] * 2      # both ranks
+    [short] = offload.alltoall_agreement(sent, [_layout(0, 2, {"4096": 2})])        # half the bytes logged: refused
     assert not short["within"]

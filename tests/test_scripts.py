@@ -11,8 +11,6 @@ import torch
 from course_utils.kernel import checks
 from script_modules import load_script
 from course_utils.common import paths
-from course_utils.rank import data
-from course_utils.rank.distributed import gather_predictions
 from course_utils.rank.memory import TensorEntry
 from course_utils.common.record import plain, read_as
 from course_utils.common.records.offload import Rung
@@ -114,7 +112,7 @@ def test_01_ring_record_compares_with_all_reduce():
 
 def test_02_learner_functions_replace_only_what_the_exercise_file_defines(tmp_path):
     s = load_script("02_train")
-    assert s.learner_functions([]) == {"shard_loader": data.shard_loader, "gather_predictions": gather_predictions,
+    assert s.learner_functions([]) == {"shard_loader": s.shard_loader, "gather_predictions": s.gather_predictions,
                                        "train_step": s.train_step}
 
     def shard_loader(dataset, batch_size, rank, world_size, shuffle=False, seed=0):
@@ -123,8 +121,15 @@ def test_02_learner_functions_replace_only_what_the_exercise_file_defines(tmp_pa
     path = checks.export_function(shard_loader, tmp_path / "shard_loader.py")   # as the notebook writes it
     found = s.learner_functions([path])
     assert found["shard_loader"]([1], 2, 0, 1) == ["mine", [1], 2, 0, 1]
-    assert found["gather_predictions"] is gather_predictions
+    assert found["gather_predictions"] is s.gather_predictions
     assert load_exercise(path, ["gather_predictions"]) == {}
+
+
+def test_02_the_course_shard_loader_pads_and_covers():
+    s = load_script("02_train")
+    shards = [[i for b in s.shard_loader(list(range(7)), 2, r, 3) for i in b.tolist()] for r in range(3)]
+    assert [len(x) for x in shards] == [3, 3, 3]
+    assert set(sum(shards, [])) == set(range(7))
 
 
 def test_03_persistent_parameters_only_count_in_stage_3():
@@ -207,11 +212,18 @@ def test_11_every_accumulation_split_trains_on_the_same_samples_with_plain_sgd()
     s = load_script("11_performance")
     world = 2
     for step in range(2):
-        splits = {(micro, gas): torch.cat([torch.cat(perf.micro_batches(step, r, world, micro, gas))
-                                           for r in range(world)]) for micro, gas in s.ACCUMULATION}
-        first, *others = splits.values()
-        assert all(torch.equal(first, other) for other in others)
-        assert all(len(b) == micro for (micro, gas) in s.ACCUMULATION for b in perf.micro_batches(step, 0, world, micro, gas))
+        for key in ("input_ids", "labels"):
+            splits = {(micro, gas): torch.cat([torch.cat([b[key] for b in perf.micro_batches(step, r, world, micro, gas)])
+                                               for r in range(world)]) for micro, gas in s.ACCUMULATION}
+            first, *others = splits.values()
+            assert all(torch.equal(first, other) for other in others)
+        assert all(len(b["input_ids"]) == micro for (micro, gas) in s.ACCUMULATION
+                   for b in perf.micro_batches(step, 0, world, micro, gas))
+        # the samples end at different lengths: micro-batches label different numbers of tokens (exercise 1's point)
+        labelled = [int((b["labels"] != -100).sum()) for b in perf.micro_batches(step, 0, world, 2, 4)]
+        assert len(set(labelled)) > 1, labelled
+        first_token = torch.cat([b["labels"][:, 0] for b in perf.micro_batches(step, 0, world, 8, 1)])
+        assert bool((first_token == -100).all()), "nothing predicts a sequence's first token"
     base = read_config(paths.CONFIGS / "11_performance.json")
     cfg = s.accumulation_config(base, 2, 4)
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 4)

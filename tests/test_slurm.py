@@ -110,6 +110,22 @@ def test_cluster_starts_drains_a_node_and_stops_clean():
 
 
 @needs_slurm
+def test_a_cell_run_after_the_stop_gets_a_cluster_of_its_own():
+    """``slurm.running``: the cluster itself while it runs; once it is stopped (a cell of notebook 14 run again after
+    its last section), a new cluster of the same nodes for the block only, gone when the block ends."""
+    with slurm.slurm_cluster() as cluster:
+        with slurm.running(cluster) as here:
+            assert here is cluster
+    assert cluster.stopped
+    with slurm.running(cluster) as here:
+        assert here is not cluster and here.nodes == cluster.nodes
+        assert here.node_states() == {"n1": "idle", "n2": "idle"}
+        folder = here.folder
+    assert here.stopped and not _gone(folder), _gone(folder)
+    assert not slurm.leftovers()
+
+
+@needs_slurm
 def test_an_interrupted_launch_cancels_its_job_and_ends_its_ranks():
     """A KeyboardInterrupt (an interrupted cell) while the ranks sleep: the job is cancelled, no process of the
     launch is left, the cluster goes on serving."""

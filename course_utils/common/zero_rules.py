@@ -153,13 +153,6 @@ LADDER = {
 }
 
 
-def nvme_offload(folder: str) -> dict:
-    """zero_optimization keys for ZeRO-Infinity: optimizer states and parameters swapped to ``folder``."""
-    return {"offload_optimizer": {"device": "nvme", "nvme_path": folder, "pin_memory": False, "buffer_count": 4},
-            "offload_param": {"device": "nvme", "nvme_path": folder, "pin_memory": False, "buffer_count": 5,
-                              "buffer_size": 1e8}}
-
-
 def placement(states: Mapping[str, float], zero: Mapping) -> dict[str, dict[str, float]]:
     """Each model state's bytes split into ``{"device": …, "host": …}`` by what ``zero`` offloads."""
     moved = offloaded(zero)

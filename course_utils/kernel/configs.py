@@ -168,6 +168,20 @@ def parse(config: dict | str | Path, world_size: int = 1) -> Any:
     return _checked(config, world_size, trainer=False).parsed
 
 
+def deepspeed_verdict(config: dict | str | Path, world_size: int = 1) -> tuple[Any, str]:
+    """DeepSpeed's own verdict on a config for ``world_size`` ranks, with nothing of the course's added:
+    ``(DeepSpeedConfig, "")`` when it accepts the config, ``(None, what it raised)`` when not — the error that
+    ``deepspeed.initialize`` would stop every rank of such a launch with."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    cfg, _ = load(config)
+    try:
+        with doctor.world_of(world_size):
+            return DeepSpeedConfig(copy.deepcopy(cfg)), ""
+    except Exception as e:          # whatever DeepSpeed's code raised: that is its verdict
+        return None, f"{type(e).__name__}: {e}"
+
+
 def _checked(config: dict | str | Path, world_size: int, trainer: bool) -> Diagnosis:
     verdict = diagnose(config, world_size, trainer)
     if verdict.errors:

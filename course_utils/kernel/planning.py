@@ -13,6 +13,7 @@ from typing import Any
 
 from course_utils.common import zero_rules
 from course_utils.common.zero_rules import GB, per_rank_placement, zero_formula
+from course_utils.rank.engine import nvme_offload
 
 PAPER_RANKS = (1, 4, 16, 64, 256, 1024)
 
@@ -139,7 +140,7 @@ OOM_LADDER = [
     ("ZeRO stage 2 + offload_optimizer", zero_rules.LADDER["stage 2 + offload"], True),
     ("ZeRO stage 3", zero_rules.LADDER["stage 3"], True),
     ("ZeRO stage 3 + offload_param + offload_optimizer", zero_rules.LADDER["stage 3 + offload"], True),
-    ("ZeRO-Infinity: offload to NVMe", (3, zero_rules.nvme_offload("/local_nvme")), True),
+    ("ZeRO-Infinity: offload to NVMe", (3, nvme_offload("/local_nvme")), True),
 ]
 
 

@@ -5,7 +5,7 @@
 - :mod:`.engine` — DeepSpeed engines: experiment configs, one step, dtypes, freeing, the offload ladder;
 - :mod:`.memory` — what an engine holds (tensor inventory), where it lives, the process's RSS;
 - :mod:`.models` — tiny models from configs, GPT-2 presets named by purpose;
-- :mod:`.data` — generated data sets, tokenizers, shard loaders and the deterministic data streams;
+- :mod:`.data` — generated data sets, tokenizers and the deterministic data streams;
 - :mod:`.optimizers` — DeepSpeed optimizer and scheduler config sections;
 - :mod:`.trainer` — the Hugging Face Trainer on CPU and GPU ranks, HF × DS combinations, "auto" fills;
 - :mod:`.translation` — the capstone's synthetic language pair, tiny T5, BLEU, translation;

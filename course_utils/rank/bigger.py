@@ -27,7 +27,7 @@ from typing import Callable
 
 from course_utils.rank.perf import busy_seconds     # imported with psutil before the rank joins its limit
 from course_utils.common.records.bigger import (CONFIGURATIONS, HEADS, LR, MICRO_BATCH, POSITIONS, SEQ_LEN, SIZES,
-    VOCAB, Attempt, Limit, Trial, nvme_keys, zero_keys)
+    VOCAB, Attempt, Limit, Trial, zero_keys)
 
 
 # ---------------------------------------------------------------- the limit
@@ -182,8 +182,8 @@ def sizes_of(model) -> tuple[int, int]:
 # ---------------------------------------------------------------- one size
 
 def train_size(configuration: str, size: str, steps: int, dtype: str, nvme_folder: str | None = None,
-               nvme: Callable[[str, int], dict] = nvme_keys) -> Trial:
-    """Build ``size`` under ``configuration`` (its NVMe keys from ``nvme``), take ``steps`` optimizer steps on one fixed
+               nvme: Callable[[str, int], dict] | None = None) -> Trial:
+    """Build ``size`` under ``configuration`` (its NVMe keys from ``nvme``, else DeepSpeed's defaults), take ``steps`` optimizer steps on one fixed
     batch, measure where the model states are after the last backward (notebook 04's walk), free it all; returns the
     trial."""
     import deepspeed

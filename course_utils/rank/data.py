@@ -140,17 +140,6 @@ def tokenize(split, tokenizer, max_length: int):
     return encoded
 
 
-def shard_loader(dataset, batch_size: int, rank: int, world_size: int, shuffle: bool = False, seed: int = 0):
-    """A DataLoader over this rank's shard: ``DistributedSampler`` hands each rank every
-    world_size-th example (padding the last round by repeating examples, so every rank gets the
-    same number of batches and collectives stay in step). Call ``loader.sampler.set_epoch(e)``
-    each epoch when shuffling."""
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-
-
 # ---------------------------------------------------------------- notebook 09: the checkpoint stream
 
 def sample(index: int):

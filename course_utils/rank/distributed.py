@@ -1,8 +1,9 @@
 """Distributed basics inside a rank: who it is, which device and backend it uses, every collective
-once, which collectives ZeRO's gradient reduction calls, all_reduce timing, and gathering predictions.
-(The ring all-reduce exercise's byte counter and step tracer are in :mod:`course_utils.rank.ring`.)
+once, which collectives ZeRO's gradient reduction calls, and all_reduce timing. (The ring all-reduce exercise's
+byte counter and step tracer are in :mod:`course_utils.rank.ring`; notebook 02's exercise functions have the course's
+versions in ``scripts/02_train.py`` itself, outside the modules a notebook imports.)
 
-scripts/00-02 call these in the ranks; the notebook draws their records with
+The scripts call these in the ranks; the notebook draws their records with
 :mod:`course_utils.kernel.views.distributed`.
 """
 from __future__ import annotations
@@ -231,23 +232,3 @@ def time_all_reduce(sizes: list[int], device: str, repeats: int = 5) -> list[All
         seconds = statistics.median(samples[n])
         rows.append(AllReduceTime(elements=n, bytes=4 * n, seconds=seconds, gbytes_per_s=4 * n / seconds / 1e9))
     return rows
-
-
-def gather_predictions(indices, preds, labels):
-    """All-gather every rank's (example index, prediction, label) and keep each example once.
-
-    A ``DistributedSampler`` pads the last round by repeating examples so every rank has the same
-    number; the indices tell the repeats apart. Returns (indices, preds, labels) sorted by index,
-    identical on every rank.
-    """
-    import torch
-    import torch.distributed as dist
-
-    local = torch.stack([indices, preds, labels])             # 3 × n: one all_gather instead of three
-    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local)
-    every = torch.cat(gathered, dim=1)
-    unique, position = torch.unique(every[0], return_inverse=True)
-    kept = torch.empty(3, unique.numel(), dtype=every.dtype, device=every.device)
-    kept[:, position] = every                                 # repeats carry the same values
-    return kept[0], kept[1], kept[2]

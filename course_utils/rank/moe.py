@@ -105,27 +105,61 @@ def batch(step: int, rank: int, micro: int = MICRO):
     return x, (x @ _TEACHER).argmax(-1)
 
 
-def train_step(engine, step: int, aux_coef: float = 0.01) -> tuple[float, torch.Tensor, float]:
-    """One step on this rank's share: (loss averaged over the ranks, expert counts summed over the ranks, l_aux)."""
+def train_step(engine, step: int, aux_coef: float = 0.01,
+               windows: dict | None = None) -> tuple[float, torch.Tensor, float]:
+    """One step on this rank's share: (loss averaged over the ranks, expert counts summed over the ranks, l_aux).
+    ``windows``: a dict that receives DeepSpeed's comms logger windows (``course_utils.rank.comms.logged``) of the
+    forward (``"forward"``) and of the backward and optimizer step (``"backward"``)."""
+    import contextlib
+
     import torch.distributed as dist
 
+    from course_utils.rank import comms
+
+    window = comms.logged if windows is not None else contextlib.nullcontext
     x, y = batch(step, dist.get_rank())
-    logits, l_aux, counts = engine(x.to(engine.device))
+    with window() as forward:
+        logits, l_aux, counts = engine(x.to(engine.device))
     loss = F.cross_entropy(logits.reshape(-1, CLASSES), y.reshape(-1).to(engine.device))
-    engine.backward(loss + aux_coef * l_aux)
-    engine.step()
+    with window() as backward:
+        engine.backward(loss + aux_coef * l_aux)
+        engine.step()
+    if windows is not None:
+        windows.update(forward=forward, backward=backward)
     mean, total = loss.detach().clone(), counts.detach().clone().float()
     dist.all_reduce(mean)
     dist.all_reduce(total)
     return mean.item() / dist.get_world_size(), total, l_aux.detach().item()
 
 
+SETTINGS = ("lr", "weight_decay", "betas", "eps")
+
+
 def optimizer_groups(engine) -> list[dict]:
-    """The param groups of the torch optimizer under the engine: name, moe flag, elements."""
+    """The param groups of the torch optimizer under the engine: name, moe flag, elements (this rank's partition,
+    under ZeRO-1/2) and AdamW's settings."""
     opt = engine.optimizer
     inner = getattr(opt, "optimizer", opt)
-    return [{"name": g.get("name", ""), "moe": bool(g.get("moe", False)), "lr": g.get("lr"),
-             "numel": sum(p.numel() for p in g["params"])} for g in inner.param_groups]
+    return [{"name": g.get("name", ""), "moe": bool(g.get("moe", False)),
+             "numel": sum(p.numel() for p in g["params"]),
+             **{k: list(g[k]) if k == "betas" else g.get(k) for k in SETTINGS if k in g}} for g in inner.param_groups]
+
+
+def given_groups(optimizer) -> list[dict]:
+    """The param groups of a torch optimizer as it was built, before ``deepspeed.initialize`` (ZeRO then replaces the
+    parameters by flat partitions): per group its name and moe flag, the expert and other parameters in it (told apart
+    by ``is_moe_param``), the expert groups its experts belong to, and its settings."""
+    from deepspeed.moe.utils import is_moe_param
+
+    out = []
+    for g in optimizer.param_groups:
+        experts = [p for p in g["params"] if is_moe_param(p)]
+        out.append({"name": g.get("name", ""), "moe": bool(g.get("moe", False)),
+                    "expert_numel": sum(p.numel() for p in experts),
+                    "other_numel": sum(p.numel() for p in g["params"] if not is_moe_param(p)),
+                    "expert_groups": sorted({p.group_name for p in experts}),
+                    **{k: list(g[k]) if k == "betas" else g.get(k) for k in SETTINGS if k in g}})
+    return out
 
 
 def routing(k: int, capacity_factor: float, tokens: int, experts: int = 4, min_capacity: int = 4) -> dict:
@@ -160,7 +194,6 @@ def capacity_of(layer) -> dict:
 FAMILIES = {"OLMoE": "olmoe", "Mixtral": "mixtral"}
 VOCAB, TOKENS = 128, 32
 LIST_TOKENS = 4                    # the expert-list model's batch: 1 sequence of 4 tokens, 8 routes over 8 experts
-LIST_BLOCK = "course_utils.rank.moe.ExpertListBlock"
 
 
 def tiny_moe_lm(family: str):

@@ -65,25 +65,39 @@ def data(batches: int, m: int, width: int = WIDTH, micro: int = MICRO, seed: int
     return out
 
 
-def engine(layers: list, config: dict, m: int, stage: int = 0, partition: str = "uniform", stages: int = 2):
+def engine(layers: list, config: dict, m: int | None, stage: int = 0, partition: str = "uniform", stages: int = 2):
     """A pipeline engine over ``layers`` cut into ``stages`` stages, ``m`` micro-batches per ``train_batch``, at ZeRO
-    ``stage``; the ranks beyond ``stages`` become data-parallel replicas of each stage."""
+    ``stage``; the ranks beyond ``stages`` become data-parallel replicas of each stage. ``m=None``: as many
+    micro-batches as DeepSpeed derives from the config's own batch keys."""
     import contextlib
     import copy
     import io
 
     import deepspeed
-    import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
 
     cfg = copy.deepcopy(config)
-    cfg["gradient_accumulation_steps"] = m
-    cfg["train_batch_size"] = m * cfg["train_micro_batch_size_per_gpu"] * dist.get_world_size() // stages
+    if m is not None:            # DeepSpeed derives train_batch_size from the micro-batch, m and the replicas
+        cfg["gradient_accumulation_steps"] = m
+        cfg.pop("train_batch_size", None)
     cfg["zero_optimization"]["stage"] = stage
     with contextlib.redirect_stdout(io.StringIO()):         # PipelineModule prints its partition on rank 0
         pipe = PipelineModule(layers=layers, num_stages=stages, loss_fn=mse, partition_method=partition)
     built, *_ = deepspeed.initialize(model=pipe, model_parameters=list(pipe.parameters()), config=cfg)
     return built
+
+
+def from_batch_keys(config: dict, train_batch_size: int, width: int = WIDTH) -> dict:
+    """Exercise 1's pipeline: ``config`` with ``train_batch_size`` instead of ``gradient_accumulation_steps``, so that
+    DeepSpeed derives the micro-batches ``train_batch`` runs; one ``train_batch``, the schedule this stage executed
+    counted (steps without a forward or backward pass)."""
+    cfg = {k: v for k, v in config.items() if k != "gradient_accumulation_steps"}
+    built = engine(layers(width=width), {**cfg, "train_batch_size": train_batch_size}, None)
+    trace = instrument(built)
+    built.train_batch(iter(data(1, built.micro_batches, width=width, seed=1 + built.grid.data_parallel_id)))
+    return {"stage": built.stage_id, "data_parallel": built.dp_world_size, "train_batch_size": train_batch_size,
+            "micro_batch": cfg["train_micro_batch_size_per_gpu"], "m": built.micro_batches,
+            "idle_steps": trace.idle_steps(), "steps": len(trace.steps)}
 
 
 def schedule(m: int, stages: int, stage: int) -> list[list[str]]:

@@ -1,9 +1,8 @@
 """Where a step's time and memory go, measured inside a rank (notebook 11).
 
-- :func:`micro_batches`: one optimizer step's samples, cut into micro-batches, so that any micro-batch ×
-  accumulation × ranks split of the same effective batch trains on the same samples.
+- :func:`micro_batches`: one optimizer step's samples, of different lengths, cut into micro-batches, so that any
+  micro-batch × accumulation × ranks split of the same effective batch trains on the same samples.
 - :func:`counting_batch`: the profiled engine's batches: sequences with a rule to learn, so its loss falls.
-- :func:`accumulate`: the loop DeepSpeed expects under gradient accumulation (the reference for exercise 1).
 - :func:`activation_memory`: the bytes a forward and backward pass hold, by torch's own memory tracker
   (``torch.distributed._tools.mem_tracker.MemTracker``), with or without activation checkpointing.
 - :func:`matmul_flops_per_s`: what this rank's CPU (or GPU) does at its best, from a matmul benchmark.
@@ -19,15 +18,37 @@ import psutil
 from course_utils.rank.data import global_batch
 
 
-def micro_batches(step: int, rank: int, world_size: int, micro: int, gas: int) -> list:
-    """The ``gas`` micro-batches of ``micro`` samples that ``rank`` trains on in optimizer step ``step``.
+def micro_batches(step: int, rank: int, world_size: int, micro: int, gas: int) -> list[dict]:
+    """The ``gas`` micro-batches of ``micro`` samples that ``rank`` trains on in optimizer step ``step``, each a dict
+    of ``input_ids`` and ``labels`` for a causal language model.
 
     The effective batch is ``micro × gas × world_size`` samples of :func:`data.global_batch`; each rank takes a
     contiguous share of it and cuts that share into micro-batches, so 8 × 1, 4 × 2 and 2 × 4 on 2 ranks all
-    train on the same 16 samples in each step."""
+    train on the same 16 samples in each step. The samples have different lengths, as text has: sample ``i`` ends
+    after :func:`sample_length` tokens and is padded to the preset's length; its labels are -100 (skipped by the
+    loss) on the padding and on the first token, which nothing predicts, so a micro-batch's loss is the mean over
+    the tokens it labels, and micro-batches label different numbers of them."""
+    import torch
+
     batch = global_batch(step, micro * gas * world_size)
-    share = batch[rank * micro * gas:(rank + 1) * micro * gas]
-    return [share[i * micro:(i + 1) * micro] for i in range(gas)]
+    first = step * len(batch)
+    ends = torch.tensor([sample_length(first + i, batch.shape[1]) for i in range(len(batch))])
+    inside = torch.arange(batch.shape[1]) < ends[:, None]
+    ids = torch.where(inside, batch, torch.zeros_like(batch))
+    labels = torch.where(inside, batch, torch.full_like(batch, -100))
+    labels[:, 0] = -100
+    share = slice(rank * micro * gas, (rank + 1) * micro * gas)
+    ids, labels = ids[share], labels[share]
+    return [{"input_ids": ids[i * micro:(i + 1) * micro], "labels": labels[i * micro:(i + 1) * micro]}
+            for i in range(gas)]
+
+
+def sample_length(index: int, longest: int) -> int:
+    """How many tokens sample ``index`` of :func:`micro_batches` has before its padding: 2 to ``longest``, the same
+    in every run."""
+    import torch
+
+    return int(torch.randint(2, longest + 1, (1,), generator=torch.Generator().manual_seed(10_000 + index)))
 
 
 def counting_batch(step: int, rank: int, micro: int, seq_len: int, vocab: int = 64):
@@ -40,19 +61,6 @@ def counting_batch(step: int, rank: int, micro: int, seq_len: int, vocab: int = 
     g = torch.Generator().manual_seed(1000 * step + rank)
     starts = torch.randint(0, vocab, (micro, 1), generator=g)
     return (starts + torch.arange(seq_len)) % vocab
-
-
-def accumulate(engine, micro_batches: list) -> list[float]:
-    """One optimizer step of a DeepSpeed engine under gradient accumulation: every micro-batch gets a forward,
-    ``engine.backward`` (which divides the loss by the accumulation steps itself) and ``engine.step()`` (which
-    updates the weights only on the accumulation boundary). Returns each micro-batch's loss."""
-    losses = []
-    for ids in micro_batches:
-        loss = engine(input_ids=ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    return losses
 
 
 @dataclass

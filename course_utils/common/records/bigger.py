@@ -37,15 +37,12 @@ STAGE3_SMALL = {"reduce_bucket_size": 1e6, "stage3_prefetch_bucket_size": 1e6, "
                 "stage3_max_reuse_distance": 1e6, "sub_group_size": 1e6}
 
 
-def nvme_keys(folder: str, largest_param: int) -> dict:
-    """The ``offload_optimizer`` and ``offload_param`` keys that put optimizer states and parameters in swap files
-    under ``folder`` and keep little in memory: ``max_in_cpu`` 0 (its default, 1e9 elements, keeps every parameter in
-    host memory too: stage3.py, _create_param_groups_fp16_flat_cpu_memory) and staging buffers sized by the model
-    (a parameter is swapped in whole, so ``buffer_size`` must hold the largest one; its default, 1e8 elements × 5
-    buffers, is 2 GB of fp32). Notebook 16's first exercise writes this function."""
-    swap = {"device": "nvme", "nvme_path": folder, "pin_memory": False}
-    return {"offload_optimizer": {**swap, "buffer_count": 4},
-            "offload_param": {**swap, "buffer_count": 5, "buffer_size": max(int(1e6), largest_param), "max_in_cpu": 0}}
+def nvme_defaults(folder: str) -> dict:
+    """The ``offload_optimizer`` and ``offload_param`` sections that put optimizer states and parameters in swap files
+    under ``folder`` and leave every other key at DeepSpeed's default: what the NVMe configuration runs until notebook
+    16's first exercise gives it keys made for a limit (the exercise's answer lives in no course module)."""
+    swap = {"device": "nvme", "nvme_path": folder}
+    return {"offload_optimizer": dict(swap), "offload_param": dict(swap)}
 
 
 CONFIGURATIONS = {
@@ -53,22 +50,24 @@ CONFIGURATIONS = {
     "ZeRO-2 + offload_optimizer": (2, {**SMALL_BUCKETS, "offload_optimizer": {"device": "cpu", "pin_memory": False}}),
     "ZeRO-3 + offload (CPU)": (3, {**STAGE3_SMALL, "offload_optimizer": {"device": "cpu", "pin_memory": False},
                                    "offload_param": {"device": "cpu", "pin_memory": False}}),
-    "ZeRO-3 + NVMe": (3, {**STAGE3_SMALL, "stage3_prefetch_bucket_size": 0, **nvme_keys("<nvme folder>", 0)}),
+    "ZeRO-3 + NVMe": (3, {**STAGE3_SMALL, "stage3_prefetch_bucket_size": 0, **nvme_defaults("<nvme folder>")}),
 }
 
 
 def zero_keys(configuration: str, nvme_folder: str | None = None, largest_param: int = 0,
-              nvme: Callable[[str, int], dict] = nvme_keys) -> tuple[int, dict]:
+              nvme: Callable[[str, int], dict] | None = None) -> tuple[int, dict]:
     """(stage, zero_optimization keys) of ``configuration``; the NVMe one swaps into ``nvme_folder`` with the keys
-    ``nvme(folder, largest_param)`` writes (the course's :func:`nvme_keys`, or a learner's), without prefetching
-    (DeepSpeed 0.19's NVMe prefetch assigns a parameter a second swap buffer here: "already assigned swap buffer id")."""
+    ``nvme(folder, largest_param)`` writes (a learner's ``nvme_keys``; without one, :func:`nvme_defaults`), without
+    prefetching (DeepSpeed 0.19's NVMe prefetch assigns a parameter a second swap buffer here: "already assigned swap
+    buffer id")."""
     if configuration not in CONFIGURATIONS:
         raise KeyError(f"No configuration {configuration!r}; the notebook has {list(CONFIGURATIONS)}")
     stage, keys = CONFIGURATIONS[configuration]
     if keys.get("offload_param", {}).get("device") == "nvme":
         if nvme_folder is None:
             raise ValueError(f"{configuration} needs a folder for its swap files (nvme_folder)")
-        keys = {**STAGE3_SMALL, "stage3_prefetch_bucket_size": 0, **nvme(nvme_folder, largest_param)}
+        sections = nvme(nvme_folder, largest_param) if nvme is not None else nvme_defaults(nvme_folder)
+        keys = {**STAGE3_SMALL, "stage3_prefetch_bucket_size": 0, **sections}
     return stage, keys
 
 

@@ -51,6 +51,7 @@ class Layout(Record, name="moe_layout"):
     expert_dp_group: list        # ranks of this rank's expert-data-parallel group
     alltoall: dict               # message bytes → count, all_to_all_single, one forward and backward
     capacity: int
+    alltoall_forward: dict = field(default_factory=dict)   # the same, the forward of that step only
     losses: list = field(default_factory=list)
     optimizer_groups: list = field(default_factory=list)   # as StageState's (the layouts train at ZeRO-1)
 
@@ -66,6 +67,7 @@ class StageState(Record, name="moe_zero_state"):
     optimizer_groups: list       # per param group of the torch optimizer: its name, moe flag, lr and elements
     label: str = "course"        # "yours": the engine your moe_zero2 built
     losses: list = field(default_factory=list)
+    given_groups: list = field(default_factory=list)       # yours: the groups of your optimizer as you built it
 
 
 @dataclass
@@ -82,8 +84,9 @@ class Zero3Run(Record, name="moe_zero3_run"):
     label: str
     family: str
     block: str                   # the sparse block's class
-    leaf_classes: list           # what zero_optimization.leaf_module named
+    leaf_section: dict | None    # zero_optimization.leaf_module as the config gave it (None: DeepSpeed's defaults)
     leaf_modules: int            # modules DeepSpeed marked as leaves
+    blocks: int                  # the model's sparse blocks (modules of the block's class)
     outcome: str                 # "trained" or the error DeepSpeed raised
     losses: list = field(default_factory=list)
     fetches: int = 0             # parameter fetches (fetch_sub_module calls) of one training step on this rank

@@ -24,6 +24,20 @@ class Bubble(Record, name="pipeline_bubble_row"):
 
 
 @dataclass
+class FromConfig(Record, name="pipeline_from_config"):
+    """Exercise 1's pipeline on one rank: built from a config's ``train_batch_size`` and micro-batch, the micro-batches
+    DeepSpeed derived (``m``) and the schedule steps this stage executed without a forward or backward pass."""
+    ranks: int
+    data_parallel: int
+    stage: int
+    train_batch_size: int
+    micro_batch: int
+    m: int
+    idle_steps: int
+    steps: int
+
+
+@dataclass
 class StageStream(Record, name="pipeline_stream"):
     """The instructions one stage executed in one ``train_batch`` (names and buffer ids), step by step."""
     m: int

@@ -12,7 +12,8 @@ SGD_LR = 0.5          # plain SGD: an update proportional to the gradient, so a 
 
 @dataclass
 class Trajectory(Record, name="trajectory"):
-    """One accumulation setting: the loss of every optimizer step (the mean over every rank's micro-batches)."""
+    """One accumulation setting: the loss of every optimizer step's samples at the weights before it (over every token
+    they label, averaged over the ranks)."""
     micro: int
     gas: int
     train_batch_size: int            # what the engine computed: micro × gas × world size

@@ -40,7 +40,7 @@ from course_utils.kernel.launch.slurm_setup import (SOCKET_MAX, find_tool, make_
 NODES = ("n1", "n2")
 CPUS = 4                  # per node: a job of one task per node leaves room for a second job beside it
 START_TIMEOUT = 30.0      # seconds until both nodes are idle
-__all__ = ["SlurmCluster", "start", "slurm_cluster", "why_not", "NODES", "leftovers"]
+__all__ = ["SlurmCluster", "start", "slurm_cluster", "running", "why_not", "NODES", "leftovers"]
 
 
 @dataclass
@@ -57,6 +57,11 @@ class SlurmCluster:
     @property
     def conf(self) -> Path:
         return self.folder / "slurm.conf"
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` has ended this cluster."""
+        return self._stopped
 
     @property
     def env(self) -> dict[str, str]:
@@ -173,6 +178,18 @@ def slurm_cluster(nodes: Sequence[str] = NODES, timeout: float = START_TIMEOUT) 
         yield cluster
     finally:
         cluster.stop()
+
+
+@contextmanager
+def running(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """``with running(cluster) as here:``: ``cluster`` while it runs; once it has been stopped (a cell run again after
+    the cluster's last lesson), a new cluster of the same nodes for the block only, stopped when the block ends."""
+    if not cluster.stopped:
+        yield cluster
+        return
+    print("(the cluster was stopped: a new one runs this cell, and stops at its end)", flush=True)
+    with slurm_cluster(cluster.nodes) as fresh:
+        yield fresh
 
 
 def _start_daemons(cluster: SlurmCluster, timeout: float) -> None:

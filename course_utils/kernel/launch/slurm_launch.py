@@ -66,16 +66,6 @@ class SlurmLaunch:
                          if (ln.startswith("srun: error:") and ": task " in ln) or "error occurred in" in ln)
 
 
-def pmi_option(cluster: SlurmCluster, mpi: str = "pmix") -> str:
-    """The ``srun`` option that gives a step's tasks the ``mpi`` process-management interface, when this cluster's
-    ``srun --mpi=list`` offers it (Open MPI 4.1, which the course's ranks use, speaks PMIx)."""
-    offered = cluster.command("srun", "--mpi=list").stdout.split()
-    if mpi not in offered:
-        raise RuntimeError(f"this cluster's srun offers no {mpi} plugin ({' '.join(offered)}): Open MPI's ranks cannot "
-                           f"learn their place from it; install Slurm's {mpi} plugin (Debian: slurm-wlm's libpmix)")
-    return f"--mpi={mpi}"
-
-
 def available(what: str) -> bool:
     """True when this machine can run the course's Slurm cluster; otherwise print why ``what`` is skipped."""
     reason = why_not()

@@ -1,5 +1,6 @@
 """The count formulas the projections use: FLOPs of a training step, the bytes each rank sends per step in ZeRO's
-collectives, the bytes a step moves between device, host and NVMe, a pipeline's bubble, MoE's all-to-all.
+collectives, the bytes a step moves between device, host and NVMe, a pipeline's bubble. (MoE's all-to-all count is
+notebook 15's exercise: the notebook writes it and hands it to :mod:`.offload`.)
 
 Counts do not depend on the hardware, so each formula can be checked where the course runs: a notebook first puts it
 beside the count its own run measured at toy size (:func:`agreement`: the comms logger's bytes, the placement walk's
@@ -69,13 +70,6 @@ def zero_sent(stage: int, params: float, world: int, b: float, regather: bool = 
     units = {0: 2, 1: 3, 2: 3, 3: 3 if regather else 2}[stage]
     again = 2 * reused if stage == 3 and regather else 0.0
     return (units * params + again) * share * b
-
-
-def all_to_all_sent(experts: int, capacity: int, hidden: int, ep: int, b: float) -> float:
-    """Bytes one rank sends in one MoE layer's forward: two all-to-alls (dispatch, combine) of the E·C·h buffer (sized by
-    capacity, empty slots included: notebook 15), each keeping 1/ep of it at home. ``b``: bytes of an activation
-    element (4 in notebook 15's fp32 runs, 2 in bf16). Backward runs the same two on the gradients."""
-    return 2 * experts * capacity * hidden * b * (ep - 1) / ep
 
 
 # ---------------------------------------------------------------- offload, bytes over the host link and to NVMe

@@ -6,14 +6,18 @@
   partitions the ladder found (its ``Rung`` records); :func:`cpu_adam_rate` turns the ladder's timed optimizer kernel
   into DeepSpeedCPUAdam's seconds per parameter on one core; :func:`offload_projections` projects a Llama-3-8B-shaped
   step with offload on GPUs of the hardware table.
-- 15: :func:`alltoall_agreement` puts :func:`.counts.all_to_all_sent` beside the bytes the comms logger measured;
-  :func:`moe_projections` projects a Mixtral-8x7B-shaped stack of MoE layers: all-to-all against expert compute.
+- 15: :func:`alltoall_agreement` puts the notebook's own count of the bytes a rank sends in an MoE layer's forward (a
+  function the notebook writes after its exercise 1 asked for that count, and hands in) beside the bytes each rank's
+  comms logger measured; :func:`moe_projections` carries the same count to a Mixtral-8x7B-shaped stack of MoE layers:
+  all-to-all against expert compute.
 """
 from __future__ import annotations
 
 import math
 import os
 import statistics
+
+from typing import Callable
 
 from course_utils.common.record import read_as
 from course_utils.common.records.moe import Layout
@@ -212,20 +216,24 @@ def missing(record: dict, assumptions: tuple[str, ...] = ("MFU", "link efficienc
 MIN_CAPACITY = 4        # the MoE layer's default min_capacity (deepspeed/moe/layer.py), as notebook 15's model uses it
 
 
-def alltoall_agreement(*record_sets: list[dict], b: int = ELEMENT_BYTES["fp32"]) -> list[dict]:
-    """Notebook 15's count check: :func:`.counts.all_to_all_sent` for each expert-parallel layout (rank 0 of each launch,
-    ``ep_size`` > 1), with the capacity computed from the layout's tokens, experts, k and capacity factor, beside the
-    bytes a rank sent in one forward as the notebook measured them (the comms logger's all-to-all messages, of which a
-    rank keeps 1/ep at home). ``b``: 4, the runs are fp32."""
+# sent(experts, capacity, hidden, ep, b): the bytes one rank sends to other ranks in one MoE layer's forward
+AllToAllCount = Callable[[int, int, int, int, float], float]
+
+
+def alltoall_agreement(sent: AllToAllCount, *record_sets: list[dict], b: int = ELEMENT_BYTES["fp32"]) -> list[dict]:
+    """Notebook 15's count check: ``sent`` for each expert-parallel layout (every rank of each launch, ``ep_size`` > 1),
+    with the capacity computed from the layout's tokens, experts, k and capacity factor, beside the bytes that rank
+    sent in one forward as its comms logger measured them (the forward's all-to-all messages, of which a rank keeps
+    its own slice). ``b``: 4, the runs are fp32."""
     rows = []
     for records in record_sets:
         for r, seen in zip(read_as(records, Layout, rank=None), views.layout_rows(records)):
-            if r.rank != 0 or r.ep_size == 1:
+            if r.ep_size == 1:
                 continue
             C = views.capacity(r.tokens, r.experts, r.k, r.capacity_factor, MIN_CAPACITY)
-            rows.append(counts.agreement(f"{r.world_size} ranks, {r.label} (E {r.experts}, top-{r.k}, capacity factor "
-                                         f"{r.capacity_factor:g}: C {C}, h {r.hidden}): bytes a rank sends per forward",
-                                         counts.all_to_all_sent(r.experts, C, r.hidden, r.ep_size, b),
+            rows.append(counts.agreement(f"{r.world_size} ranks, {r.label}, rank {r.rank} (E {r.experts}, top-{r.k}, "
+                                         f"capacity factor {r.capacity_factor:g}: C {C}, h {r.hidden}): bytes it sent "
+                                         "in one forward", sent(r.experts, C, r.hidden, r.ep_size, b),
                                          seen["leave the rank per forward"]))
     return rows
 
@@ -238,32 +246,35 @@ MOE_TOKENS = 4096
 MOE_FACTORS = (1.0, 1.25)
 
 
-def moe_step_counts(size: models.Size, tokens_per_gpu: int, capacity_factor: float, ep: int,
+def moe_step_counts(size: models.Size, tokens_per_gpu: int, capacity_factor: float, ep: int, sent: AllToAllCount,
                     b: int = ELEMENT_BYTES["bf16"]) -> dict:
     """One GPU's counts for a step through every MoE layer of ``size`` with DeepSpeed's MoE layer (notebook 15): the
     capacity C, the all-to-all bytes it sends (dispatch and combine, forward and backward, every layer) and the FLOPs of
     its experts, which run on the whole capacity buffer, empty slots included (``Experts.forward`` in
-    ``deepspeed/moe/experts.py``): E·C token slots a GPU (E/ep local experts, C slots from each of ep ranks)."""
+    ``deepspeed/moe/experts.py``): E·C token slots a GPU (E/ep local experts, C slots from each of ep ranks). ``sent``:
+    the bytes a rank sends in one MoE layer's forward (the count :func:`alltoall_agreement` checked); backward sends
+    as much again."""
     C = views.capacity(tokens_per_gpu, size.experts, size.top_k, capacity_factor, MIN_CAPACITY)
     one_expert = size.expert_params / (size.layers * size.experts)
-    sent = 2 * size.layers * counts.all_to_all_sent(size.experts, C, size.hidden, ep, b)
     flops = counts.step_flops(size.layers * 2 * one_expert * size.experts * C)
-    return {"capacity": C, "one expert": one_expert, "sent": sent, "expert flops": flops}
+    return {"capacity": C, "one expert": one_expert, "sent": 2 * size.layers * sent(size.experts, C, size.hidden, ep, b),
+            "expert flops": flops}
 
 
-def moe_projections(model: str = MOE_MODEL, gpus: tuple = MOE_GPUS, tokens_per_gpu: int = MOE_TOKENS,
+def moe_projections(sent: AllToAllCount, model: str = MOE_MODEL, gpus: tuple = MOE_GPUS, tokens_per_gpu: int = MOE_TOKENS,
                     factors: tuple = MOE_FACTORS, ep: int = 8, mfu: float = project.MFU,
                     efficiency: float = project.LINK_EFFICIENCY) -> list[Projection]:
     """The MoE layers of ``model`` with ``ep`` GPUs per expert-parallel group: the experts' compute against the
     all-to-alls, over NVLink (the group in one machine) and over InfiniBand (each GPU of the group in another machine),
     for each GPU and capacity factor. The all-to-alls do not overlap the experts: the experts wait for the dispatch,
-    the layer's output for the combine (``MOELayer.forward`` in ``deepspeed/moe/sharded_moe.py``)."""
+    the layer's output for the combine (``MOELayer.forward`` in ``deepspeed/moe/sharded_moe.py``). ``sent``: as for
+    :func:`moe_step_counts`."""
     size = models.size(model)
     out = []
     for name in gpus:
         gpu = specs.gpu(name)
         for f in factors:
-            c = moe_step_counts(size, tokens_per_gpu, f, ep)
+            c = moe_step_counts(size, tokens_per_gpu, f, ep, sent)
             for link, where in ((gpu.gpu_link, "the group in one machine"),
                                 (specs.network(), "each GPU of the group in another machine")):
                 terms = [project.compute_term(c["expert flops"], gpu, mfu),

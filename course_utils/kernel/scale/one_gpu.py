@@ -77,13 +77,38 @@ def _course(scenario: dict) -> dict:
     return {"device_gb": p.memory["device"] / GB, "step_seconds": p.seconds}
 
 
+def runs_course_projection(fn) -> bool:
+    """Whether calling ``fn`` runs any of the course's projection code (:mod:`.project`, :mod:`.machine` or this
+    module), however it reached it: every Python call made while ``fn`` runs is watched."""
+    import sys
+
+    from course_utils.kernel.scale import machine
+
+    watched = {project.__file__, machine.__file__, __file__}
+    seen = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename in watched:
+            seen.append(frame.f_code.co_name)
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        fn()
+    except Exception:                                 # noqa: BLE001 - a function that fails is judged on its answer
+        pass
+    finally:
+        sys.setprofile(previous)
+    return bool(seen)
+
+
 def exercise_problem(answer, fn=None, scenario: dict = SCENARIO) -> str | None:
     """What is wrong with a learner's projection (a dict of :data:`KEYS`) of :data:`SCENARIO`, in words that do not
-    give the course's figures; None when both are within :data:`TOLERANCE`. ``fn``: the learner's function, whose
-    source may not call the course's projection (the point is to know which counts make a step)."""
+    give the course's figures; None when both are within :data:`TOLERANCE`. ``fn``: the learner's function, which may
+    not call the course's projection, by name or otherwise (the point is to know which counts make a step)."""
     if fn is not None:
         source = inspect.getsource(fn)
-        if any(name in source for name in COURSE_PROJECTIONS):
+        if any(name in source for name in COURSE_PROJECTIONS) or runs_course_projection(fn):
             return "your function calls the course's projection: work the counts out yourself"
     if not isinstance(answer, dict) or set(KEYS) - set(answer):
         return f"return a dict with the keys {', '.join(KEYS)}"

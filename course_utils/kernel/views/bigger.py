@@ -263,38 +263,32 @@ def parameters(size: str) -> int:
         return sizes_of(GPT2LMHeadModel(gpt2_config(size)))[0]
 
 
-EXERCISE_SIZE = "7 M"
-HOST_TOLERANCE = 0.10
+EXERCISE_SIZE = "7 M"         # exercise 2's size: trained first by the ZeRO-2 + offload_optimizer launch
+PLACEMENT_TOLERANCE = 0.10    # of the size's model states (16 bytes a parameter), on each side
+PLACES = {"accelerator_side_mib": "accelerator side", "host_side_mib": "host side"}
 
 
-def exercise_problem(mine: dict | None, outcome: Outcome | None) -> str | None:
-    """What is wrong with a prediction (``my_launch()``) against the launch it made, in words that do not give the
-    answer away; None when the prediction held: the outcome as predicted and, if it trained, the host-side bytes
-    within 10 % of the measured ones."""
-    if mine is None or outcome is None:
-        return "my_launch() returned nothing to launch."
-    missing = {"configuration", "cap_mb", "fits", "host_side_mib"} - set(mine)
-    if missing:
-        return f"my_launch() must return the keys {sorted(missing)} too."
-    if mine["configuration"] not in CONFIGURATIONS or mine["configuration"] == "no ZeRO":
-        return f"choose a configuration with something to offload, one of {[c for c in CONFIGURATIONS if c != 'no ZeRO']}."
-    states_mib = 16 * parameters(EXERCISE_SIZE) / MiB
-    if mine["cap_mb"] < states_mib:
-        return f"the limit must hold at least the size's fp32 Adam model states (16 bytes a parameter)."
-    if outcome.skipped:
-        return f"the launch could not run on this machine ({outcome.skipped}), so there is nothing to compare with."
-    status = outcome.statuses.get(EXERCISE_SIZE)
-    if status == FAILED:
-        return "the launch failed for a reason other than memory: read its message above."
-    trained = status == TRAINED
-    if bool(mine["fits"]) != trained:
-        return "your prediction of whether it trains differs from what the launch did."
-    if trained:
-        measured = rung(outcome.trials[0]).host_side_bytes / MiB
-        if abs(mine["host_side_mib"] - measured) > HOST_TOLERANCE * measured:
-            return (f"it trained as you predicted, but the host-side model states you predicted are off by more than "
-                    f"{HOST_TOLERANCE:.0%} of those measured.")
-    return None
+def placement_problem(mine, outcome: Outcome | None, size: str = EXERCISE_SIZE) -> str | None:
+    """What is wrong with a prediction of where ``size``'s model states are after a backward (MiB on each of notebook
+    04's two sides) against what ``outcome``'s launch measured, in words that do not give the measured MiB; None when
+    both sides are within :data:`PLACEMENT_TOLERANCE` of the size's 16 bytes a parameter."""
+    if not isinstance(mine, dict) or set(PLACES) - set(mine):
+        return f"return a dict with the keys {', '.join(PLACES)}."
+    if outcome is None or outcome.skipped:
+        return f"the launch could not run on this machine ({outcome.skipped if outcome else 'none'})."
+    trial = next((t for t in outcome.trials if t.size == size), None)
+    if trial is None:
+        return f"the launch did not train {size}: read its message above."
+    placed = rung(trial)
+    room = PLACEMENT_TOLERANCE * 16 * trial.params / MiB
+    said = []
+    for key, measured in (("accelerator_side_mib", placed.accelerator_side_bytes),
+                          ("host_side_mib", placed.host_side_bytes)):
+        off = float(mine[key]) - measured / MiB
+        if abs(off) > room:
+            said.append(f"on the {PLACES[key]} you predicted {'more' if off > 0 else 'less'} than DeepSpeed placed there, "
+                        f"by more than {PLACEMENT_TOLERANCE:.0%} of the size's model states")
+    return "; ".join(said) + "." if said else None
 
 
 def nvme_problem(outcome: Outcome) -> str | None:

@@ -55,20 +55,21 @@ def imbalance(records: list[dict], last: int = 10) -> dict[float, dict]:
 
 def layout_rows(*record_sets: list[dict]) -> list[dict]:
     """One row per launch, layout and rank: the experts it holds and their parameters against
-    (experts / ep_size) × one expert's, its groups, and the all-to-all bytes of one step against the formula."""
+    (experts / ep_size) × one expert's, its groups, and the all-to-all bytes DeepSpeed's comms logger logged in one
+    step, in its forward, and the share of the forward's that left the rank (an all_to_all_single over a group of g ranks
+    keeps one g-th of its input at home and sends the rest, one slice to each other rank)."""
     rows = []
     for records in record_sets:
         for r in read_as(records, Layout, rank=None):
-            C = capacity(r.tokens, r.experts, r.k, r.capacity_factor, 4)
-            buffer = r.experts * C * r.hidden * FP32                   # one all-to-all's input: E × C × h
             logged = sum(int(size) * n for size, n in r.alltoall.items())
+            forward = sum(int(size) * n for size, n in r.alltoall_forward.items())
+            g = len(r.ep_group)
             rows.append({"world": r.world_size, "layout": r.label, "ep_size": r.ep_size, "rank": r.rank,
                          "experts held": r.local_experts, "expert params": r.expert_numel,
                          "formula": r.experts // r.ep_size * r.one_expert_numel, "other params": r.dense_numel,
                          "expert-parallel group": r.ep_group, "expert-data-parallel group": r.expert_dp_group,
                          "C": r.capacity, "all-to-all bytes (logged, fwd+bwd)": logged,
-                         "formula (4 · E·C·h·4 if ep > 1)": 4 * buffer if r.ep_size > 1 else 0,
-                         "leave the rank per forward": logged // 2 * (r.ep_size - 1) // r.ep_size})
+                         "logged in the forward": forward, "leave the rank per forward": forward * (g - 1) // g})
     return rows
 
 
@@ -126,3 +127,83 @@ def gloo_complaint(rank_logs: dict[int, str]) -> dict[int, str]:
             line = text[:hit.end()].rsplit("\n", 1)[-1]
             out[rank] = re.sub(r"^.*?\]\s*", "", line, count=1) if "enforce fail" not in line else line.split("] ", 1)[-1]
     return out
+
+
+# ---------------------------------------------------------------- exercises 2 and 3: what DeepSpeed would refuse, found
+# before any rank starts
+
+def optimizer_problem(moe_zero2) -> str | None:
+    """What is wrong with the param groups of the optimizer ``moe_zero2(model)`` builds for the 4-expert model with
+    ``ep_size`` 2, built here in the kernel (its expert parameters carry DeepSpeed's marks without any process group);
+    None when each group holds either expert or other parameters, and every group of expert parameters is marked
+    ``moe`` and named after their expert group, as ZeRO-1/2 needs to partition and reduce them over it."""
+    from course_utils.rank import moe
+
+    try:
+        config, optimizer = moe_zero2(moe.MoENet(4, 2))
+    except NotImplementedError:
+        raise
+    except Exception as error:                        # noqa: BLE001 - the learner's code: say what it raised
+        return f"moe_zero2(model) raised {type(error).__name__}: {error}"
+    if not isinstance(config, dict) or "optimizer" in config:
+        return "the config must be a dict without an optimizer section: your optimizer is the one DeepSpeed uses."
+    for g in moe.given_groups(optimizer):
+        if g["expert_numel"] and g["other_numel"]:
+            return (f"a group{' ' + repr(g['name']) if g['name'] else ''} holds expert parameters and other parameters "
+                    "together: ZeRO partitions a group over one process group.")
+        if g["expert_numel"] and not g["moe"]:
+            return ("expert parameters sit in a group that is not marked as an MoE group: ZeRO would partition and "
+                    "reduce them over every rank, like the others, and with no group marked DeepSpeed refuses the "
+                    "optimizer.")
+        if g["moe"] and g["name"] not in g["expert_groups"]:
+            return (f"a group marked moe is named {g['name']!r}: ZeRO looks up the process group of an MoE group by "
+                    "the group's name, which must be the expert group of its parameters.")
+    return None
+
+
+def leaf_problem(section) -> str | None:
+    """What is wrong with a ``zero_optimization.leaf_module`` section for section 5's expert-list model (the tiny OLMoE
+    with :class:`course_utils.rank.moe.ExpertListBlock` blocks), found before any rank starts: DeepSpeed's own config
+    class reads it and DeepSpeed's own matching marks the leaves of the model built here. None when every leaf runs a
+    forward of its own (ZeRO-3 gathers a leaf's parameters when the leaf runs; a ``ModuleList`` never does) and every
+    sparse block is a leaf or lies inside one."""
+    import copy
+
+    from deepspeed.runtime.zero.leaf_module_config import DeepSpeedZeroLeafModuleConfig
+    from deepspeed.utils.z3_leaf_module import apply_zero_leaf_module_config
+    from torch import nn
+
+    from course_utils.rank import moe
+
+    if not isinstance(section, dict):
+        return "return a dict: the leaf_module section of zero_optimization."
+    try:
+        parsed = DeepSpeedZeroLeafModuleConfig(**section)
+    except Exception as error:                        # noqa: BLE001 - DeepSpeed's own words
+        return f"DeepSpeed's config class refuses your section: {str(error).splitlines()[0]} …"
+    model = copy.deepcopy(_expert_list_model())
+    leaves = apply_zero_leaf_module_config(model, parsed)
+    if not leaves:
+        return "with your section DeepSpeed marks no module of this model as a leaf."
+    idle = [type(mod).__name__ for mod in leaves if type(mod).forward is nn.Module.forward]
+    if idle:
+        return (f"DeepSpeed marks {len(leaves)} leaf module(s), and {idle[0]} is a container that never runs a forward "
+                "of its own: ZeRO-3 gathers a leaf's parameters when the leaf runs.")
+    inside = {id(sub) for leaf in leaves for sub in leaf.modules()}
+    if not all(id(mod) in inside for mod in model.modules() if isinstance(mod, moe.ExpertListBlock)):
+        return (f"DeepSpeed marks {len(leaves)} leaf module(s) with your section, and the modules that choose which "
+                "experts run are not inside any of them: ZeRO-3 would still gather the experts one by one, only for "
+                "the tokens each rank has.")
+    return None
+
+
+_MODEL = []
+
+
+def _expert_list_model():
+    """Section 5's expert-list model, built once in the kernel (for :func:`leaf_problem`)."""
+    from course_utils.rank import moe
+
+    if not _MODEL:
+        _MODEL.append(moe.with_expert_lists(moe.tiny_moe_lm("OLMoE")))
+    return _MODEL[0]

@@ -7,7 +7,8 @@ import statistics
 
 from course_utils.common import paths
 from course_utils.common.record import read_as
-from course_utils.common.records.parallel import Bubble, Gathers, StageBytes, StageStream, TensorParallel, Ulysses
+from course_utils.common.records.parallel import (Bubble, FromConfig, Gathers, StageBytes, StageStream, TensorParallel,
+                                                  Ulysses)
 from course_utils.rank import parallel as pp
 
 from course_utils.kernel.views.source import show_script, show_source  # noqa: F401  (the notebook quotes DeepSpeed and the code its ranks run)
@@ -90,20 +91,48 @@ def order_rows(records: list[dict], p: int = 2) -> list[dict]:
     return sorted(rows, key=lambda r: (r["m"], r["stage"]))
 
 
-UNSEEN = ((5, 3), (2, 4))       # (m, p): exercise 1's check asks the learner's function here too; nothing else shows them
+# Exercise 1's check asks the learner's function about these pipelines too, one rank per stage; nothing else shows them
+UNSEEN = (({"train_batch_size": 40, "train_micro_batch_size_per_gpu": 8}, 3, 3),
+          ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8}, 4, 4))
 
 
-def idle_step_cases(pairs=UNSEEN) -> list[tuple[tuple, float]]:
-    """For each (m, p): the share of the steps in which a stage runs no ForwardPass or BackwardPass, counted in a
-    fresh ``TrainSchedule`` on every stage (they agree; if they did not, there would be no single answer)."""
-    cases = []
-    for m, p in pairs:
+def bubble_cases(cases=UNSEEN) -> list[tuple[tuple, float]]:
+    """For each (config, ranks, stages) with one rank per stage: the share of the steps in which a stage runs no
+    ForwardPass or BackwardPass, for the micro-batches DeepSpeed's config class derives from the config's batch keys
+    (in this kernel, without a process group, it counts one data-parallel rank: what one rank per stage has), counted
+    in a fresh ``TrainSchedule`` on every stage (they agree; if they did not, there would be no single answer)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    out = []
+    for config, ranks, p in cases:
+        if ranks != p:
+            raise ValueError(f"{config} on {ranks} ranks: these cases have one rank per stage ({p})")
+        derived = DeepSpeedConfig(dict(config))
+        if derived.world_size != 1:
+            raise RuntimeError("DeepSpeed's config class counted more than one data-parallel rank in this kernel")
+        m = derived.gradient_accumulation_steps
         shares = {sum(1 for step in steps if not any(c.startswith(("ForwardPass", "BackwardPass")) for c in step))
                   / len(steps) for steps in (pp.schedule(m, p, s) for s in range(p))}
         if len(shares) != 1:
             raise RuntimeError(f"TrainSchedule idles different shares on different stages for m={m}, p={p}: {shares}")
-        cases.append(((m, p), shares.pop()))
-    return cases
+        out.append(((config, ranks, p), shares.pop()))
+    return out
+
+
+def from_config_runs(*record_sets: list[dict]) -> dict[int, dict]:
+    """Exercise 1's pipeline as each launch ran it, by its number of ranks: the micro-batches DeepSpeed derived and the
+    share of schedule steps a stage ran no forward or backward pass in (the same on every stage and replica)."""
+    runs: dict[int, dict] = {}
+    for records in record_sets:
+        rows = read_as(records, FromConfig, rank=None)
+        for ranks in {r.ranks for r in rows}:
+            mine = [r for r in rows if r.ranks == ranks]
+            shares = {r.idle_steps / r.steps for r in mine}
+            if len(shares) != 1:
+                raise RuntimeError(f"exercise 1's pipeline idled different shares on its {ranks} ranks: {shares}")
+            runs[ranks] = {"m": mine[0].m, "data_parallel": mine[0].data_parallel, "share": shares.pop(),
+                           "idle_steps": f"{mine[0].idle_steps}/{mine[0].steps}"}
+    return runs
 
 
 def replayed_idle(records: list[dict], m: int) -> dict[int, float]:

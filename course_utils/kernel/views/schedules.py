@@ -10,8 +10,9 @@ from course_utils.kernel.compare import max_abs_series_diff
 from course_utils.rank.optimizers import LR
 from course_utils.rank.trainer import matrix_cell
 
-# Hugging Face lr_scheduler_type → the DeepSpeed scheduler that corresponds to it.
-HF_TO_DS = {"constant_with_warmup": ["WarmupLR (linear)", "WarmupLR (log)"], "linear": ["WarmupDecayLR"]}
+# Hugging Face lr_scheduler_type → the DeepSpeed schedulers of notebook 07's section 2 that correspond to it (its
+# exercise 2 writes the WarmupDecayLR section with HF's linear shape).
+HF_TO_DS = {"constant_with_warmup": ["WarmupLR (linear)", "WarmupLR (log)"], "linear": ["WarmupDecayLR (log)"]}
 
 
 def hf_lr_curve(kind: str, steps: int, warmup: int, lr: float = LR) -> list[float]:

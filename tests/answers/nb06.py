@@ -1,0 +1,37 @@
+"""Notebook 06's exercises, answered wrong on purpose (see tests/answers/__init__.py)."""
+from answers import wrong
+
+ANSWERS = {
+    "predicted_dtypes": wrong(
+        copier=("copies the measured table's rows, and for the engine it leaves out the nearest row, autocast in bf16", """
+            def predicted_dtypes() -> dict:
+                return {"fp32": {"module": "float32", "master": "float32", "grad": "float32", "forward": "float32"},
+                        "bf16": {"module": "bfloat16", "master": "float32", "grad": "bfloat16", "forward": "bfloat16"},
+                        "torch_autocast bf16": {"module": "float32", "master": "float32", "grad": "float32",
+                                                "forward": "bfloat16"},
+                        "torch_autocast fp16": {"module": "float32", "master": "float32", "grad": "float32",
+                                                "forward": "bfloat16"}}
+            """),
+        misread=("thinks torch_autocast casts the model to its dtype, as the bf16 section does", """
+            def predicted_dtypes() -> dict:
+                return {"fp32": {"module": "float32", "master": "float32", "grad": "float32", "forward": "float32"},
+                        "bf16": {"module": "bfloat16", "master": "float32", "grad": "bfloat16", "forward": "bfloat16"},
+                        "torch_autocast bf16": {"module": "bfloat16", "master": "float32", "grad": "bfloat16",
+                                                "forward": "bfloat16"},
+                        "torch_autocast fp16": {"module": "float16", "master": "float32", "grad": "float16",
+                                                "forward": "float16"}}
+            """),
+        run="from_solution", launches=True),
+    "target_fp16": wrong(
+        copier=("copies the notebook's own fp16 section, printed in section 2, adding the one key it lacks", """
+            def target_fp16() -> dict:
+                return {**config["fp16"], "consecutive_hysteresis": False}
+            """),
+        misread=("takes loss_scale_window for the number of clean steps before a doubling, one too many", """
+            def target_fp16() -> dict:
+                return {"loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 5, "hysteresis": 3,
+                        "consecutive_hysteresis": True, "min_loss_scale": 1}
+            """),
+        secret=("'initial_scale_power': 12", '"initial_scale_power": 12', "'loss_scale_window': 4",
+                '"loss_scale_window": 4')),
+}

@@ -1,0 +1,62 @@
+"""Notebook 14's exercises, answered wrong on purpose (see tests/answers/__init__.py). Their checks judge real jobs on
+the notebook's Slurm cluster; run after section 5 has stopped it, each trial's cells start a cluster of their own and
+stop it (``slurm.running``)."""
+from answers import wrong
+
+ANSWERS = {
+    "sbatch_script": wrong(
+        copier=[("copies the course's batch script, the fallback of the cell below: one rank per node", """
+            def sbatch_script(deepspeed: str, script: str) -> str:
+                return slurm_launch.batch_script(deepspeed, script)
+            """),
+                ("copies notebook 01's batch script, adapted to the list above (run folder, NodeAddr, node files, "
+                 "port), its 4 slots per node kept", r"""
+            def sbatch_script(deepspeed: str, script: str) -> str:
+                return f'''#!/bin/bash
+            #SBATCH --job-name=deepspeed-course
+            #SBATCH --nodes=2
+            #SBATCH --ntasks-per-node=1        # one launcher per node; it starts one rank per GPU
+            #SBATCH --time=01:00:00
+
+            cd "$SLURM_SUBMIT_DIR"
+            scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=4/' > "$COURSE_RUN_DIR/hostfile"
+            first=$(head -n 1 "$COURSE_RUN_DIR/hostfile" | cut -d' ' -f1)
+            export MASTER_ADDR=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) MASTER_PORT=$COURSE_MASTER_PORT
+
+            srun --kill-on-bad-exit=1 --output="$COURSE_RUN_DIR/node-%N-%n.out" bash -c '{deepspeed} --hostfile "$COURSE_RUN_DIR/hostfile" --no_ssh --node_rank "$SLURM_NODEID" \\
+                --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" {script}'
+            '''
+            """)],
+        misread=("asks Slurm for a task per rank (--ntasks-per-node=2), so srun starts two DeepSpeed launchers on each "
+                 "node, each starting the node's ranks", r"""
+            def sbatch_script(deepspeed: str, script: str) -> str:
+                return f'''#!/bin/bash
+            #SBATCH --job-name=my-deepspeed
+            #SBATCH --nodes=2
+            #SBATCH --ntasks-per-node=2
+            #SBATCH --time=00:05:00
+            set -euo pipefail
+            hostfile="$COURSE_RUN_DIR/hostfile"
+            scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=2/' > "$hostfile"
+            first=$(head -n 1 "$hostfile" | cut -d' ' -f1)
+            master=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+            srun --kill-on-bad-exit=1 --output="$COURSE_RUN_DIR/node-%N-%n.out" bash -c \\
+              "{deepspeed} --hostfile $hostfile --no_ssh --node_rank=\\$SLURM_NODEID --master_addr $master --master_port $COURSE_MASTER_PORT {script}"
+            '''
+            """),
+        run="from_solution", launches=True, secret=("slots=2",)),
+    "slurm_launcher_args": wrong(
+        copier=[("copies the --launcher_args of the failed command printed above", """
+            def slurm_launcher_args() -> str:
+                return "--ntasks-per-node=1 --kill-on-bad-exit=1"
+            """),
+                ("copies the cluster's default the cell above printed, MpiDefault=none, as the srun option", """
+            def slurm_launcher_args() -> str:
+                return "--mpi=none"
+            """)],
+        misread=("takes Slurm's own PMI-2 for one every MPI speaks", """
+            def slurm_launcher_args() -> str:
+                return "--mpi=pmi2"
+            """),
+        run="from_solution", launches=True, secret=("--mpi=pmix",)),
+}
