@@ -27,17 +27,17 @@ ANSWERS = {
                 --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" {script}'
             '''
             """)],
-        misread=("asks Slurm for a task per rank (--ntasks-per-node=2), so srun starts two DeepSpeed launchers on each "
-                 "node, each starting the node's ranks", r"""
+        misread=("thinks the hostfile's slots decide where the ranks run, whatever Slurm allocates: asks for one node and "
+                 "gives it all four ranks", r"""
             def sbatch_script(deepspeed: str, script: str) -> str:
                 return f'''#!/bin/bash
             #SBATCH --job-name=my-deepspeed
-            #SBATCH --nodes=2
-            #SBATCH --ntasks-per-node=2
+            #SBATCH --nodes=1
+            #SBATCH --ntasks-per-node=1
             #SBATCH --time=00:05:00
             set -euo pipefail
             hostfile="$COURSE_RUN_DIR/hostfile"
-            scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=2/' > "$hostfile"
+            scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=4/' > "$hostfile"
             first=$(head -n 1 "$hostfile" | cut -d' ' -f1)
             master=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
             srun --kill-on-bad-exit=1 --output="$COURSE_RUN_DIR/node-%N-%n.out" bash -c \\

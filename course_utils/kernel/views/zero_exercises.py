@@ -55,8 +55,12 @@ def _one_rank_world() -> Any:
     """A process group of one rank in this kernel (an in-memory store, no port; the backend DeepSpeed's accelerator
     names: gloo on a CPU, nccl on a GPU) for DeepSpeed code that needs one, DeepSpeed's handle on it, and its start-up
     chatter kept out of the notebook; all gone afterwards (with the "[rank0]" prefix torch puts on the interpreter's
-    exception hook)."""
+    exception hook, and the functions of torch that ``zero.Init(module=...)`` replaces for good, such as ``F.linear``:
+    DeepSpeed's own would turn every later linear layer of the kernel into its autograd function)."""
     import sys
+
+    import torch
+    import torch.nn.functional as F
 
     import deepspeed.comm.comm as ds_comm
     import torch.distributed as dist
@@ -66,6 +70,7 @@ def _one_rank_world() -> Any:
     if dist.is_initialized():
         raise RuntimeError("this kernel already has a process group; restart the kernel to run this check")
     level, hook = logger.level, sys.excepthook
+    kept = {module: dict(vars(module)) for module in (torch, F)}
     with mock.patch.dict(os.environ, {"LOCAL_RANK": "0"}):
         backend = get_accelerator().communication_backend_name()
         dist.init_process_group("gloo" if backend == "ccl" else backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -77,6 +82,10 @@ def _one_rank_world() -> Any:
             dist.destroy_process_group()
             ds_comm.cdb = None
             sys.excepthook = hook
+            for module, attributes in kept.items():
+                for name, value in attributes.items():
+                    if vars(module).get(name) is not value:
+                        setattr(module, name, value)
 
 
 def whole_read_problems(read_whole: Callable, rel: float = 1e-5) -> list[str]:
