@@ -240,6 +240,13 @@ class BatchJob:
     job_id: str
     run_dir: Path
     script: Path
+    port: int = 0               # the port its ranks meet on (COURSE_MASTER_PORT), which names their /dev/shm buffers
+
+    def release(self) -> None:
+        """Remove the shared-memory buffers its ranks' CPU all-reduce left (DeepSpeed never unlinks them): call it once
+        the job has ended or been cancelled."""
+        if self.port:
+            release_shm_buffers(self.port)
 
     @property
     def ranks(self) -> list[SlurmRank]:
@@ -257,7 +264,8 @@ def submit(cluster: SlurmCluster, text: str, *sbatch_args: str, name: str = "sba
     run_dir = new_run_dir(resolve_script(SCRIPT), name)
     path = run_dir / "job.sbatch"
     path.write_text(text)
-    env = launch_env(cluster, run_dir, free_port())
+    port = free_port()
+    env = launch_env(cluster, run_dir, port)
     done = cluster.command("sbatch", "--parsable", f"--output={run_dir / 'job.out'}", f"--chdir={paths.ROOT}",
                            *sbatch_args, str(path), env=env)
-    return BatchJob(job_id=done.stdout.strip().split(";")[0], run_dir=run_dir, script=path)
+    return BatchJob(job_id=done.stdout.strip().split(";")[0], run_dir=run_dir, script=path, port=port)
