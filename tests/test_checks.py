@@ -89,3 +89,17 @@ def test_a_launch_that_fails_with_the_learners_code_is_the_checks_refusal():
     assert not isinstance(refused.value, checks.ExerciseNotDone)
     assert "Rank 1 failed" in str(refused.value) and "FileNotFoundError" in str(refused.value)
     assert "wait for rank 0" in str(refused.value)
+
+
+def test_outcome_returns_what_the_learners_code_raised_and_lets_the_check_refuse():
+    def fails(x):
+        raise KeyError(x)
+
+    def stub(x):
+        raise NotImplementedError()
+
+    assert checks.outcome(lambda x: [x], 3, hint="h", convert=tuple) == (3,)
+    assert isinstance(checks.outcome(fails, "step", hint="h"), KeyError)
+    assert isinstance(checks.outcome(lambda x: 5, 1, hint="h", convert=set), TypeError)    # set(5): a wrong answer too
+    with pytest.raises(checks.ExerciseNotDone):
+        checks.outcome(stub, 1, hint="h")

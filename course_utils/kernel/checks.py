@@ -96,6 +96,19 @@ def solution(fn: Callable, *args: Any, hint: "str | Sequence[str]") -> Any:
     return _call(fn, args, hint)
 
 
+def outcome(fn: Callable, *args: Any, hint: "str | Sequence[str]", convert: Callable | None = None) -> Any:
+    """Like :func:`solution`, but an exception the learner's code raises (or ``convert`` raises on its answer) is
+    returned instead of raised: for a check that counts a failing answer as a wrong one. An unwritten exercise and
+    the check's own refusals still raise."""
+    try:
+        answer = _call(fn, args, hint)
+        return convert(answer) if convert is not None else answer
+    except ExerciseCheckError:
+        raise
+    except Exception as err:          # noqa: BLE001 — an answer that fails is a wrong answer
+        return err
+
+
 def is_done(fn: Callable) -> bool:
     """Whether an exercise function holds code of its own (not the student edition's stub)."""
     import inspect

@@ -21,7 +21,7 @@ from course_utils.tooling.nbtools import notebooks
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = f"# YOUR CODE HERE\n{STUB}"      # what checks.is_done looks for
 _DEF = re.compile(r"^def (\w+)\(", re.M)
-_CHECK_CALL = r"checks\.(?:check_function|solution|export_function|require_done)\(\s*{name}\b"   # its first argument
+_CHECK_CALL = r"checks\.(?:check_function|solution|outcome|export_function|require_done)\(\s*{name}\b"   # its first argument
 
 
 def clear_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
