@@ -279,6 +279,11 @@ DECISION = [
     ("expert parallel (MoE), ep ranks", "experts: 16Ψ_experts/ep (ZeRO-1/2 split them further over N/ep); the rest as "
      "its ZeRO stage", "2 all-to-alls of E·C·h per MoE layer and pass, (ep−1)/ep of them leave the rank",
      "a Mixture-of-Experts model whose experts do not fit one device (notebook 15)"),
+    ("long context (ALST: Ulysses for HF models + tiling), p ranks", "activations / p, but every rank keeps whole "
+     "what does not split by token (ZeRO-3's gathered layer, key/value heads repeated when fewer than p)",
+     "4 all-to-alls of (L/p)·heads·d_head per layer and pass, (p−1)/p of them leave the rank",
+     "one sequence's activations do not fit one device; p divides the query heads, and the key/value heads divide p "
+     "or p them (notebook 17)"),
 ]
 
 
@@ -294,6 +299,18 @@ def moe_from_15() -> str:
     gap = max(m.get("ep_loss_gaps", {}).values(), default=float("nan"))
     return (f"4 experts on 4 ranks: E/ep per rank; all-to-all bytes sent per forward {sent.get(2, '?')} (ep 2), "
             f"{sent.get(4, '?')} (ep 4); losses = ep 1 within {gap:.0e}")
+
+
+def long_context_from_17() -> str:
+    """The long-context row's measured figures, from ``build/metrics/17_long_context.json`` when notebook 17 has run on
+    this machine, else where to find them."""
+    path = paths.metrics_dir() / "17_long_context.json"
+    if not path.exists():
+        return "notebook 17 measures the loss against one process, the all-to-all bytes and the longest sequence per SP size (run it to see them here)"
+    m = json.loads(path.read_text())
+    longest = ", ".join(f"SP {sp}: {n}" for sp, n in m.get("longest_sequence", {}).items())
+    return (f"tiny Llama over 2 ranks: losses = one process within {m.get('sp_loss_gap', float('nan')):.0e}; "
+            f"longest sequence under the same limit per rank, {longest or 'not measured here'}")
 
 
 def decision_table(measured: dict[str, str]) -> list[dict]:

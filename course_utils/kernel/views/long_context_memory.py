@@ -1,0 +1,250 @@
+"""Notebook 17 in the kernel: the longest sequence each sequence-parallel (SP) size trains under the same limit per
+rank, what a token costs a rank at each SP size, and what ALST's tiling saves.
+
+:func:`longest_sequence` is one launch of ``scripts/17_longest_sequence.py`` on SP ranks (SP = the world size), each
+rank under a memory cgroup of its own (``launch.memcap``; one per rank, as if each had a device of its own). The
+cgroups are removed when the launch ends, whatever ended it (``memory_cap`` waits for their processes, then removes
+them); the runner removes the launch's ``/dev/shm`` buffers, also after the out-of-memory killer ended a rank. The
+ranks are CPU ranks on every machine (:func:`one_rank`, :func:`four_ranks`, and notebook 17's first launch for SP 2),
+so that every SP size of the lesson is measured on the same kind of device under the same kind of limit.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+from course_utils.common.record import read_as
+from course_utils.common.records.bigger import Limit
+from course_utils.common.records.long_context import PERIOD
+from course_utils.common.records.long_context_memory import (CAP_MB, KERNEL, KERNELS, LENGTHS, STEPS, LengthAttempt,
+    LengthTrial, TilingComparison)
+from course_utils.kernel.launch.options import launches
+from course_utils.kernel.views.bigger import FAILED, OUT_OF_MEMORY, TRAINED, killed_for_memory
+
+MiB = 2**20
+SP_SIZES = (1, 2, 4)      # the lesson's SP sizes: 4 query heads and 2 key/value heads allow these
+
+
+@dataclass
+class SpOutcome:
+    """What one launch at one SP size did: the lengths its ranks attempted, what each rank measured, how it ended."""
+    sp: int
+    cap_mb: int
+    limits: list[Limit]                   # one per rank
+    attempts: list[LengthAttempt]         # rank 0's, in the order tried
+    trials: list[LengthTrial]             # every rank's
+    tiling: TilingComparison | None = None
+    error: str | None = None              # the runner's message when the launch failed
+    skipped: str | None = None            # why nothing was launched (no memory cgroup on this machine)
+    seconds: float = 0.0
+    statuses: dict = field(default_factory=dict)     # length → trained | out of memory | failed
+
+    @property
+    def trained(self) -> list[int]:
+        """The lengths every rank trained, in the order tried."""
+        lengths = [a.length for a in self.attempts]
+        return [n for n in lengths if sum(t.length == n for t in self.trials) == self.sp]
+
+    @property
+    def longest(self) -> int | None:
+        """The longest length that trained (lengths are tried in ascending order)."""
+        return max(self.trained, default=None)
+
+    def peak(self, length: int) -> int:
+        """The highest peak any rank's limit counted at ``length``."""
+        return max(t.peak_bytes for t in self.trials if t.length == length)
+
+    def held(self, length: int) -> int:
+        """The most any rank held when ``length`` started (its engine, what earlier lengths left)."""
+        return max(t.held_before for t in self.trials if t.length == length)
+
+    def step_seconds(self, length: int) -> float:
+        """The slowest rank's slowest step at ``length``."""
+        return max(max(t.step_seconds) for t in self.trials if t.length == length)
+
+    def loss(self, length: int) -> float:
+        """The mean token loss over the whole sequence at ``length`` (every rank computes the same)."""
+        return next(t.losses[-1] for t in self.trials if t.length == length)
+
+    def attention(self, length: int) -> dict:
+        """What rank 0's attention kernel got at ``length`` (:func:`attention_heads`)."""
+        return attention_heads(next(t for t in self.trials if t.length == length))
+
+
+def attention_heads(trial: LengthTrial) -> dict:
+    """The heads and length one rank's attention kernel got (after Ulysses' all-to-all), and the bytes a token of the
+    whole sequence costs that rank there per layer for its query, key and value (its inputs; the kernel's own
+    memory comes on top)."""
+    query, key = trial.attention["query"], trial.attention["key"]
+    head_size, size = query[3], trial.attention["element_size"]
+    return {"query heads": query[1], "key/value heads": key[1], "length": query[2],
+            "bytes a token a layer": (query[1] + 2 * key[1]) * head_size * size}
+
+
+def statuses(attempts: list[LengthAttempt], trained: list[int], error: str | None) -> dict[int, str]:
+    """length → outcome: trained; one attempted without a trial on every rank, out of memory (or failed, for any
+    other error)."""
+    ended = OUT_OF_MEMORY if error and killed_for_memory(error) else FAILED
+    return {a.length: TRAINED if a.length in trained else ended for a in attempts}
+
+
+CPU_RANKS = {"DS_ACCELERATOR": "cpu"}     # the placement the launches declare: CPU ranks on any machine
+
+
+def longest_sequence(sp: int, cap_mb: int = CAP_MB, lengths: list[int] | tuple[int, ...] = LENGTHS,
+                     steps: int = STEPS, tiling_length: int = 0, tiled: bool = False, kernel: str = KERNEL,
+                     timeout: int = 120, quiet: bool = True) -> SpOutcome:
+    """Launch SP ``sp`` (``sp`` ranks) with each rank under a limit of ``cap_mb`` MiB, training ``lengths`` in this
+    order until one does not fit (with ``tiling_length``, the tiling comparison first, at that length). A limit the
+    machine cannot give (no memory cgroup, not root) skips the launch with the reason."""
+    from course_utils.kernel import hardware
+    from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
+
+    whole = max(SP_SIZES) * PERIOD
+    bad = [n for n in lengths if n % whole]
+    if bad:
+        raise ValueError(f"length {bad[0]} is not a multiple of {whole}: every SP size must cut it into shards of "
+                         "whole data periods")
+    if list(lengths) != sorted(lengths):
+        raise ValueError("give the lengths in ascending order: the first one that does not fit ends the launch")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel {kernel!r}: choose one of {KERNELS}")
+    args = (["--lengths", *lengths, "--cap_mb", cap_mb, "--steps", steps, "--tiling_length", tiling_length,
+             "--kernel", kernel] + (["--tiled"] if tiled else []))
+    env = hardware.cpu_ranks_env(sp, gpu_machine=hardware.detect().is_gpu)
+    records, error, seconds = [], None, 0.0
+    try:
+        with ExitStack() as stack:
+            procs = [stack.enter_context(memory_cap(cap_mb)) for _ in range(sp)]
+            records, error, seconds = _launch(sp, args + ["--cgroup_procs", *procs], env, timeout, quiet)
+    except MemoryCapUnavailable as err:
+        return SpOutcome(sp, cap_mb, [], [], [], skipped=str(err))
+    return outcome_of(sp, cap_mb, records, error, seconds)
+
+
+def outcome_of(sp: int, cap_mb: int, records: list[dict], error: str | None, seconds: float) -> SpOutcome:
+    """The :class:`SpOutcome` of a launch's records (this module's launches, or notebook 17's first launch with its
+    lengths grown at the end)."""
+    attempts = read_as(records, LengthAttempt)
+    trials = read_as(records, LengthTrial, rank=None)
+    tiling = read_as(records, TilingComparison)
+    outcome = SpOutcome(sp, cap_mb, read_as(records, Limit, rank=None), attempts, trials,
+                        tiling[0] if tiling else None, error=error, seconds=seconds)
+    outcome.statuses = statuses(attempts, outcome.trained, error)
+    return outcome
+
+
+def _launch(sp: int, args: list, env: dict | None, timeout: int, quiet: bool) -> tuple[list[dict], str | None, float]:
+    from course_utils.kernel import launch
+
+    try:
+        result = launch.deepspeed("17_longest_sequence.py", *args, procs=sp, env=env, timeout=timeout, quiet=quiet)
+        return result.records, None, result.seconds
+    except launch.LaunchError as err:
+        return err.result.records, str(err), err.result.seconds
+
+
+@launches(procs=1, env=CPU_RANKS)
+def one_rank(cap_mb: int = CAP_MB, lengths=LENGTHS, **kwargs) -> SpOutcome:
+    """SP 1: :func:`longest_sequence` on one CPU rank."""
+    return longest_sequence(1, cap_mb, lengths, **kwargs)
+
+
+@launches(procs=4, min_ranks=4, env=CPU_RANKS)
+def four_ranks(cap_mb: int = CAP_MB, lengths=LENGTHS, **kwargs) -> SpOutcome:
+    """SP 4: :func:`longest_sequence` on four CPU ranks."""
+    return longest_sequence(4, cap_mb, lengths, **kwargs)
+
+
+def longest_sequences(sp_sizes=SP_SIZES, cap_mb: int = CAP_MB, lengths=LENGTHS, timeout: int = 120,
+                      **kwargs) -> dict[int, SpOutcome]:
+    """:func:`longest_sequence` for each SP size, one launch each, in this order."""
+    return {sp: longest_sequence(sp, cap_mb, lengths, timeout=timeout, **kwargs) for sp in sp_sizes}
+
+
+# ---------------------------------------------------------------- what the records say
+
+def per_token(outcome: SpOutcome) -> tuple[float, float] | None:
+    """(bytes a token of the whole sequence costs a rank, bytes at length 0): the straight line through the lengths
+    that trained by least squares, each length's rise of its peak over what the rank held when it started. None with
+    fewer than 2 lengths, or with the math attention kernel, whose peaks grow with the square of the length."""
+    lengths = outcome.trained
+    if len(lengths) < 2 or outcome.trials[0].kernel == "math":
+        return None
+    rises = [outcome.peak(n) - outcome.held(n) for n in lengths]
+    mean_n, mean_r = sum(lengths) / len(lengths), sum(rises) / len(rises)
+    slope = (sum((n - mean_n) * (r - mean_r) for n, r in zip(lengths, rises))
+             / sum((n - mean_n) ** 2 for n in lengths))
+    return slope, mean_r - slope * mean_n
+
+
+def summary(outcome: SpOutcome) -> str:
+    """One line per length of a launch, and how the launch ended."""
+    if outcome.skipped:
+        return f"SP {outcome.sp}: skipped — {outcome.skipped}"
+    kind = outcome.limits[0].kind if outcome.limits else "?"
+    kernel = outcome.trials[0].kernel if outcome.trials else "default"
+    lines = [f"SP {outcome.sp} ({outcome.sp} rank{'s' if outcome.sp > 1 else ''}, each under a {kind} limit of "
+             f"{outcome.cap_mb} MiB; attention kernel: {kernel}), {outcome.seconds:.1f} s:"]
+    for length, status in outcome.statuses.items():
+        if status == TRAINED:
+            lines.append(f"  {length:>6} tokens ({length // outcome.sp:>5} a rank): trained, loss "
+                         f"{outcome.loss(length):.3f}, {outcome.step_seconds(length):.2f} s a step, peak "
+                         f"{outcome.peak(length) / MiB:.0f} MiB ({outcome.held(length) / MiB:.0f} held before)")
+        else:
+            lines.append(f"  {length:>6} tokens ({length // outcome.sp:>5} a rank): {status}")
+    if outcome.trained:
+        heads = outcome.attention(outcome.trained[0])
+        lines.append(f"  inside attention each rank holds the whole length for {heads['query heads']} query and "
+                     f"{heads['key/value heads']} key/value head(s)")
+    fit = per_token(outcome)
+    if fit:
+        lines.append(f"  a token of the sequence costs each rank {fit[0] / 1024:.1f} KiB (a straight line through the "
+                     "peaks)")
+    if outcome.error and not killed_for_memory(outcome.error):
+        lines.append(f"  the launch failed: {outcome.error.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def table(outcomes: dict[int, SpOutcome] | list[SpOutcome]):
+    """One row per SP size: the longest length that trained, the first that did not, the cost of a token per rank,
+    and that cost times the SP size (constant if everything a rank holds shrank with SP)."""
+    import pandas as pd
+
+    rows = []
+    for o in (outcomes.values() if isinstance(outcomes, dict) else outcomes):
+        fit = per_token(o)
+        stopped = next((n for n, s in o.statuses.items() if s != TRAINED), None)
+        heads = o.attention(o.trained[0]) if o.trained else {}
+        rows.append({"SP": o.sp, "limit MiB a rank": o.cap_mb, "longest trained": o.longest,
+                     "stopped at": stopped, "KiB a token a rank": fit[0] / 1024 if fit else None,
+                     "× SP": fit[0] * o.sp / 1024 if fit else None,
+                     "query heads a rank": heads.get("query heads"),
+                     "key/value heads a rank": heads.get("key/value heads"),
+                     "s a step (longest)": o.step_seconds(o.longest) if o.longest else None,
+                     "launch s": o.seconds, "skipped": o.skipped})
+    return pd.DataFrame(rows).set_index("SP").round(2)
+
+
+def peaks_table(outcomes: list[SpOutcome]):
+    """Each length's peak per rank (MiB) at each SP size: the most any rank's limit counted; "killed" where the limit
+    ended the launch, empty where it was not tried."""
+    import pandas as pd
+
+    rows = {}
+    for o in outcomes:
+        for length, status in o.statuses.items():
+            rows.setdefault(length, {})[f"SP {o.sp}"] = round(o.peak(length) / MiB, 1) if status == TRAINED else status
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("tokens").sort_index()
+
+
+def tiling_table(comparison: TilingComparison):
+    """One row per setting of the tiling comparison: what the pass added to the limit's count at its peak, what that
+    saved against the plain pass, and how far its loss and gradients are from the plain pass's."""
+    import pandas as pd
+
+    plain = comparison.peaks["plain"]
+    return pd.DataFrame([{"setting": name, "pass peak MiB": peak / MiB, "saved MiB": (plain - peak) / MiB,
+                          "loss": comparison.losses[name], "|Δ loss|": comparison.loss_diff[name],
+                          "max |Δ grad|": comparison.grad_max_diff[name], "s": comparison.seconds[name]}
+                         for name, peak in comparison.peaks.items()]).set_index("setting")

@@ -1,0 +1,65 @@
+"""The longest sequence under a memory limit, at one sequence-parallel (SP) size: the world size of the launch.
+
+Every rank imports torch, DeepSpeed and transformers first, then puts itself under its own limit (on a CPU it joins the
+memory cgroup the notebook made for its local rank, as if each rank had a device of its own;
+``course_utils.rank.bigger.apply_limit``), and only then builds the tiny Llama under ZeRO-3, with Ulysses attention
+above SP 1. It trains sequences of growing length, recording an attempt before each and its peak, step time and loss
+after. A length too long for the limit ends the rank (SIGKILL from the kernel's out-of-memory killer on a CPU) and
+with it the launch; the notebook reads what was recorded before. With ``--tiling_length`` the engine first makes one
+forward and backward pass at that length with and without ALST's tiled MLP and tiled logits+loss, under the same
+limit; ``--tiled`` trains every length with both; ``--kernel math`` makes attention use torch's math kernel.
+
+Run from a terminal (as root, after making one memory cgroup per rank):
+  deepspeed --num_gpus 2 scripts/17_longest_sequence.py --cap_mb 108 --cgroup_procs <rank 0's> <rank 1's>
+"""
+import argparse
+import os
+
+import deepspeed
+import torch.distributed as dist
+
+from course_utils.common.record import record
+from course_utils.common.records.long_context_memory import CAP_MB, KERNEL, KERNELS, LENGTHS, STEPS
+from course_utils.rank.bigger import apply_limit
+from course_utils.rank.engine import training_dtype
+from course_utils.rank.scaffolding import finish, parse_args, rank0_print
+from course_utils.rank.sequence_memory import Meter, engine_for, grow, tiling_comparison
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="tried in this order")
+    parser.add_argument("--cap_mb", type=int, default=CAP_MB, help="each rank's limit, MiB")
+    parser.add_argument("--cgroup_procs", nargs="*", default=[],
+                        help="CPU: the cgroup.procs file of each local rank's memory cgroup, in local-rank order")
+    parser.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per length")
+    parser.add_argument("--tiling_length", type=int, default=0, help="compare tiled and plain passes at this length")
+    parser.add_argument("--tiled", action="store_true", help="train with TiledMLP and TiledFusedLogitsLoss")
+    parser.add_argument("--kernel", default=KERNEL, choices=KERNELS, help="the attention kernel")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse_args(build_parser(), argv)
+    deepspeed.init_distributed()
+    from transformers import LlamaForCausalLM  # noqa: F401  (its code is imported now, outside the limit)
+
+    sp = dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    procs = args.cgroup_procs[local] if len(args.cgroup_procs) > local else None
+    limit = apply_limit(args.cap_mb * 2**20, procs)
+    record(limit)
+    meter = Meter(limit.kind, procs)
+    engine = engine_for(sp, training_dtype())
+    rank0_print(f"SP {sp}: each rank under a {limit.kind} limit of {args.cap_mb} MiB")
+    if args.tiling_length:
+        comparison = tiling_comparison(engine, sp, args.tiling_length, meter)
+        record(comparison)
+        rank0_print(f"one pass of {args.tiling_length} tokens: " + ", ".join(
+            f"{name} {peak / 2**20:.0f} MiB" for name, peak in comparison.peaks.items()))
+    grow(engine, sp, args.lengths, args.steps, meter, limit.cap_bytes, args.tiled, args.kernel)
+    finish()
+
+
+if __name__ == "__main__":
+    main()

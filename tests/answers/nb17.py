@@ -1,0 +1,56 @@
+"""Notebook 17's exercises, answered wrong on purpose (see tests/answers/__init__.py)."""
+from answers import wrong
+
+ANSWERS = {
+    "shard": wrong(
+        copier=("copies the common tutorial's sharding the page shows and runs: cut every key, then shift the piece's "
+                "labels", """
+            def shard(sample: dict, sp_rank: int, sp_size: int) -> dict:
+                chunk = sample["input_ids"].shape[1] // sp_size
+                piece = slice(chunk * sp_rank, chunk * (sp_rank + 1))
+                labels = sample["labels"][:, piece]
+                return {"input_ids": sample["input_ids"][:, piece], "position_ids": sample["position_ids"][:, piece],
+                        "shift_labels": torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)}
+            """),
+        misread=("shifts the whole sample first, but the wrong way: each token scored against the token before it", """
+            def shard(sample: dict, sp_rank: int, sp_size: int) -> dict:
+                chunk = sample["input_ids"].shape[1] // sp_size
+                piece = slice(chunk * sp_rank, chunk * (sp_rank + 1))
+                shifted = torch.nn.functional.pad(sample["labels"][:, :-1], (1, 0), value=-100)
+                return {"input_ids": sample["input_ids"][:, piece], "position_ids": sample["position_ids"][:, piece],
+                        "shift_labels": shifted[:, piece]}
+            """)),
+    "sp_loss": wrong(
+        copier=("copies the one-process loss: the mean over this rank's own labelled tokens", """
+            def sp_loss(loss_sum, count, group):
+                return loss_sum / count
+            """),
+        misread=("divides by the whole sequence's count, forgetting that DeepSpeed averages the ranks' gradients", """
+            def sp_loss(loss_sum, count, group):
+                import torch.distributed as dist
+                total = count.detach().float().clone()
+                dist.all_reduce(total, group=group)
+                return loss_sum / total
+            """),
+        run="from_solution", launches=True),
+    "predict_sp4_longest": wrong(
+        copier=("copies the step from SP 1 to SP 2 the page shows, and doubles SP 2's longest length for twice the ranks", """
+            def predict_sp4_longest() -> int:
+                return 2 * sp2.longest
+            """),
+        misread=("thinks every part of a rank's memory is per token, so four ranks train four times SP 1's longest "
+                 "length", """
+            def predict_sp4_longest() -> int:
+                return 4 * sp1.longest
+            """)),
+    "trainer_parallelism": wrong(
+        copier=("copies the page's ParallelismConfig(sp_backend='deepspeed', sp_size=2): every rank in the SP group", """
+            def trainer_parallelism(num_attention_heads: int, num_key_value_heads: int, world_size: int) -> dict:
+                return {"sp_backend": "deepspeed", "sp_size": world_size}
+            """),
+        misread=("applies only the query-head rule, as if key/value heads split like query heads", """
+            def trainer_parallelism(num_attention_heads: int, num_key_value_heads: int, world_size: int) -> dict:
+                sp = max(d for d in range(1, world_size + 1) if world_size % d == 0 and num_attention_heads % d == 0)
+                return {"sp_backend": "deepspeed", "sp_size": sp, "dp_replicate_size": world_size // sp}
+            """)),
+}
