@@ -7,7 +7,7 @@ above SP 1. It trains sequences of growing length, recording an attempt before e
 after. A length too long for the limit ends the rank (SIGKILL from the kernel's out-of-memory killer on a CPU) and
 with it the launch; the notebook reads what was recorded before. With ``--tiling_length`` the engine first makes one
 forward and backward pass at that length with and without ALST's tiled MLP and tiled logits+loss, under the same
-limit; ``--tiled`` trains every length with both; ``--kernel math`` makes attention use torch's math kernel.
+limit; ``--kernel math`` makes attention use torch's math kernel.
 
 Run from a terminal (as root, after making one memory cgroup per rank):
   deepspeed --num_gpus 2 scripts/17_longest_sequence.py --cap_mb 108 --cgroup_procs <rank 0's> <rank 1's>
@@ -34,7 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU: the cgroup.procs file of each local rank's memory cgroup, in local-rank order")
     parser.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per length")
     parser.add_argument("--tiling_length", type=int, default=0, help="compare tiled and plain passes at this length")
-    parser.add_argument("--tiled", action="store_true", help="train with TiledMLP and TiledFusedLogitsLoss")
     parser.add_argument("--kernel", default=KERNEL, choices=KERNELS, help="the attention kernel")
     return parser
 
@@ -57,7 +56,7 @@ def main(argv=None) -> None:
         record(comparison)
         rank0_print(f"one pass of {args.tiling_length} tokens: " + ", ".join(
             f"{name} {peak / 2**20:.0f} MiB" for name, peak in comparison.peaks.items()))
-    grow(engine, sp, args.lengths, args.steps, meter, limit.cap_bytes, args.tiled, args.kernel)
+    grow(engine, sp, args.lengths, args.steps, meter, limit.cap_bytes, args.kernel)
     finish()
 
 

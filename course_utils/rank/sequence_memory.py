@@ -72,8 +72,7 @@ def engine_for(sp: int, dtype: str, mpu=None):
     return engine
 
 
-def grow(engine, sp: int, lengths, steps: int, meter: "Meter", cap_bytes: int, tiled: bool = False,
-         kernel: str = "default") -> None:
+def grow(engine, sp: int, lengths, steps: int, meter: "Meter", cap_bytes: int, kernel: str = "default") -> None:
     """Train ``lengths`` in this order, recording an attempt before each and its trial after, until the limit ends
     the rank (a length past it never gets its trial)."""
     from course_utils.common.record import record
@@ -83,7 +82,7 @@ def grow(engine, sp: int, lengths, steps: int, meter: "Meter", cap_bytes: int, t
     for length in lengths:
         record(LengthAttempt(sp, length))
         meter.start()
-        losses, seconds, attention = train_length(engine, sp, length, steps, tiled, kernel)
+        losses, seconds, attention = train_length(engine, sp, length, steps, kernel)
         peak = meter.base + meter.rise()
         record(LengthTrial(sp, length, length // sp, peak, meter.base, seconds, losses, attention, kernel, cap_bytes))
         rank0_print(f"{length:>6} tokens ({length // sp} a rank): loss {losses[-1]:.3f}, {max(seconds):.2f} s a step, "
@@ -145,16 +144,16 @@ def whole_mean(loss: torch.Tensor, sp: int) -> float:
     return float(whole) / sp
 
 
-def train_step(engine, sp: int, batch: dict, tiled: bool = False) -> float:
-    """One optimizer step on one micro-batch (``tiled``: with both of ALST's tilings); returns the mean token loss
+def train_step(engine, sp: int, batch: dict) -> float:
+    """One optimizer step on one micro-batch; returns the mean token loss
     over the whole sequence."""
-    loss = shard_loss(engine, sp, batch, tiled, tiled)
+    loss = shard_loss(engine, sp, batch)
     engine.backward(loss)
     engine.step()
     return whole_mean(loss, sp)
 
 
-def train_length(engine, sp: int, length: int, steps: int, tiled: bool = False,
+def train_length(engine, sp: int, length: int, steps: int,
                  kernel: str = "default") -> tuple[list[float], list[float], dict]:
     """(losses, wall seconds, the first attention call's inputs: :func:`attention_inputs`) of ``steps`` optimizer steps
     at ``length`` with the attention ``kernel`` (:func:`attention_kernel`)."""
@@ -164,7 +163,7 @@ def train_length(engine, sp: int, length: int, steps: int, tiled: bool = False,
     with attention_kernel(kernel), attention_inputs(seen):
         for batch in length_batches(engine, sp, length, steps):
             started = time.perf_counter()
-            losses.append(train_step(engine, sp, batch, tiled))
+            losses.append(train_step(engine, sp, batch))
             seconds.append(time.perf_counter() - started)
     del batch
     free_memory()           # the next length starts from what the engine holds, not from this one's leftovers

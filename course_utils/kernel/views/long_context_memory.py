@@ -92,7 +92,7 @@ CPU_RANKS = {"DS_ACCELERATOR": "cpu"}     # the placement the launches declare: 
 
 
 def longest_sequence(sp: int, cap_mb: int = CAP_MB, lengths: list[int] | tuple[int, ...] = LENGTHS,
-                     steps: int = STEPS, tiling_length: int = 0, tiled: bool = False, kernel: str = KERNEL,
+                     steps: int = STEPS, tiling_length: int = 0, kernel: str = KERNEL,
                      timeout: int = 120, quiet: bool = True) -> SpOutcome:
     """Launch SP ``sp`` (``sp`` ranks) with each rank under a limit of ``cap_mb`` MiB, training ``lengths`` in this
     order until one does not fit (with ``tiling_length``, the tiling comparison first, at that length). A limit the
@@ -110,7 +110,7 @@ def longest_sequence(sp: int, cap_mb: int = CAP_MB, lengths: list[int] | tuple[i
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: choose one of {KERNELS}")
     args = (["--lengths", *lengths, "--cap_mb", cap_mb, "--steps", steps, "--tiling_length", tiling_length,
-             "--kernel", kernel] + (["--tiled"] if tiled else []))
+             "--kernel", kernel])
     env = hardware.cpu_ranks_env(sp, gpu_machine=hardware.detect().is_gpu)
     records, error, seconds = [], None, 0.0
     try:
