@@ -45,17 +45,6 @@ def test_a_length_counts_as_trained_only_when_every_rank_recorded_it():
     assert o.trained == [1024]
 
 
-def test_the_cost_per_token_is_the_slope_of_the_peaks_over_what_each_length_started_from():
-    per_token, fixed = 9 * 1024, 3 * MiB
-    o = outcome(4, [1024, 2048, 4096], {n: 10 * MiB + fixed + per_token * n for n in (1024, 2048, 4096)}, error=None)
-    slope, intercept = views.per_token(o)
-    assert slope == pytest.approx(per_token) and intercept == pytest.approx(fixed)
-    assert views.per_token(outcome(1, [1024, 2048], {1024: 40 * MiB})) is None
-    for t in o.trials:
-        t.kernel = "math"                  # quadratic peaks: no cost per token
-    assert views.per_token(o) is None
-
-
 def test_the_attention_probe_reads_the_heads_a_rank_holds_over_the_whole_length():
     heads = views.attention_heads(trial(4, 8192, 0, heads=(1, 1)))
     assert heads == {"query heads": 1, "key/value heads": 1, "length": 8192, "bytes a token a layer": 3 * 16 * 4}

@@ -156,27 +156,7 @@ def four_ranks(cap_mb: int = CAP_MB, lengths=LENGTHS, **kwargs) -> SpOutcome:
     return longest_sequence(4, cap_mb, lengths, **kwargs)
 
 
-def longest_sequences(sp_sizes=SP_SIZES, cap_mb: int = CAP_MB, lengths=LENGTHS, timeout: int = 120,
-                      **kwargs) -> dict[int, SpOutcome]:
-    """:func:`longest_sequence` for each SP size, one launch each, in this order."""
-    return {sp: longest_sequence(sp, cap_mb, lengths, timeout=timeout, **kwargs) for sp in sp_sizes}
-
-
 # ---------------------------------------------------------------- what the records say
-
-def per_token(outcome: SpOutcome) -> tuple[float, float] | None:
-    """(bytes a token of the whole sequence costs a rank, bytes at length 0): the straight line through the lengths
-    that trained by least squares, each length's rise of its peak over what the rank held when it started. None with
-    fewer than 2 lengths, or with the math attention kernel, whose peaks grow with the square of the length."""
-    lengths = outcome.trained
-    if len(lengths) < 2 or outcome.trials[0].kernel == "math":
-        return None
-    rises = [outcome.peak(n) - outcome.held(n) for n in lengths]
-    mean_n, mean_r = sum(lengths) / len(lengths), sum(rises) / len(rises)
-    slope = (sum((n - mean_n) * (r - mean_r) for n, r in zip(lengths, rises))
-             / sum((n - mean_n) ** 2 for n in lengths))
-    return slope, mean_r - slope * mean_n
-
 
 def summary(outcome: SpOutcome) -> str:
     """One line per length of a launch, and how the launch ended."""
@@ -197,33 +177,9 @@ def summary(outcome: SpOutcome) -> str:
         heads = outcome.attention(outcome.trained[0])
         lines.append(f"  inside attention each rank holds the whole length for {heads['query heads']} query and "
                      f"{heads['key/value heads']} key/value head(s)")
-    fit = per_token(outcome)
-    if fit:
-        lines.append(f"  a token of the sequence costs each rank {fit[0] / 1024:.1f} KiB (a straight line through the "
-                     "peaks)")
     if outcome.error and not killed_for_memory(outcome.error):
         lines.append(f"  the launch failed: {outcome.error.splitlines()[0]}")
     return "\n".join(lines)
-
-
-def table(outcomes: dict[int, SpOutcome] | list[SpOutcome]):
-    """One row per SP size: the longest length that trained, the first that did not, the cost of a token per rank,
-    and that cost times the SP size (constant if everything a rank holds shrank with SP)."""
-    import pandas as pd
-
-    rows = []
-    for o in (outcomes.values() if isinstance(outcomes, dict) else outcomes):
-        fit = per_token(o)
-        stopped = next((n for n, s in o.statuses.items() if s != TRAINED), None)
-        heads = o.attention(o.trained[0]) if o.trained else {}
-        rows.append({"SP": o.sp, "limit MiB a rank": o.cap_mb, "longest trained": o.longest,
-                     "stopped at": stopped, "KiB a token a rank": fit[0] / 1024 if fit else None,
-                     "× SP": fit[0] * o.sp / 1024 if fit else None,
-                     "query heads a rank": heads.get("query heads"),
-                     "key/value heads a rank": heads.get("key/value heads"),
-                     "s a step (longest)": o.step_seconds(o.longest) if o.longest else None,
-                     "launch s": o.seconds, "skipped": o.skipped})
-    return pd.DataFrame(rows).set_index("SP").round(2)
 
 
 def peaks_table(outcomes: list[SpOutcome]):
