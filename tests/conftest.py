@@ -244,6 +244,7 @@ def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) ->
     """Execute the student copy of ``name`` through to the end (errors allowed).
 
     Returns the number of exercises (cells with a solution; a cell may hold several blocks) and the error names the cells raised, in order.
+    The executed copy is kept as ``tmp_path / "executed.ipynb"``, for a failure to be read.
     """
     from nbclient import NotebookClient
     from papermill.iorw import load_notebook_node
@@ -256,6 +257,7 @@ def student_errors(name: str, tmp_path: Path, parameters: dict | None = None) ->
     copy = student_copy(source, tmp_path)
     nb = parameterize_notebook(load_notebook_node(str(copy)), {**SMOKE, **(parameters or {})})
     NotebookClient(nb, timeout=CELL_TIMEOUT, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbformat.write(nb, str(tmp_path / "executed.ipynb"))
     errors = [o.ename for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.output_type == "error"]
     return exercises, errors

@@ -16,5 +16,6 @@ def test_the_student_copy_runs_to_the_end(name, tmp_path):
     exercises, errors = student_errors(name, tmp_path, manifest.load()[name].get("student_parameters"))
     assert exercises >= 1, f"{name} has no exercise"
     assert errors == ["ExerciseNotDone"] * exercises, (
-        f"on the student copy only the {exercises} exercises' checks may fail, each with ExerciseNotDone; cells raised {errors}")
+        f"on the student copy only the {exercises} exercises' checks may fail, each with ExerciseNotDone; cells raised {errors} "
+        f"(the executed copy: {tmp_path / 'executed.ipynb'})")
     assert not slurm.leftovers(), "a Slurm cluster the student copy started outlived it"
