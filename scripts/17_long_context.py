@@ -153,19 +153,12 @@ def main(argv=None) -> None:
 
 def grow(args: argparse.Namespace, mpu) -> None:
     """Section 4 of the module's docstring: the limit, then lengths until it ends the launch."""
-    import os
-
-    from course_utils.rank.bigger import apply_limit
     from course_utils.rank.engine import training_dtype
 
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    procs = args.cgroup_procs[local] if len(args.cgroup_procs) > local else None
-    limit = apply_limit(args.cap_mb * 2**20, procs)
-    record(limit)
+    limit, meter = sequence_memory.join_limit(args.cap_mb, args.cgroup_procs)
     sp = dist.get_world_size()
     engine = sequence_memory.engine_for(sp, training_dtype(), mpu)
-    sequence_memory.grow(engine, sp, args.grow, 1, sequence_memory.Meter(limit.kind, procs), limit.cap_bytes,
-                         kernel=args.kernel)
+    sequence_memory.grow(engine, sp, args.grow, 1, meter, limit.cap_bytes, kernel=args.kernel)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,15 @@ Run from a terminal (as root, after making one memory cgroup per rank):
   deepspeed --num_gpus 2 scripts/17_longest_sequence.py --cap_mb 108 --cgroup_procs <rank 0's> <rank 1's>
 """
 import argparse
-import os
 
 import deepspeed
 import torch.distributed as dist
 
 from course_utils.common.record import record
 from course_utils.common.records.long_context_memory import CAP_MB, KERNEL, KERNELS, LENGTHS, STEPS
-from course_utils.rank.bigger import apply_limit
 from course_utils.rank.engine import training_dtype
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
-from course_utils.rank.sequence_memory import Meter, engine_for, grow, tiling_comparison
+from course_utils.rank.sequence_memory import engine_for, grow, join_limit, tiling_comparison
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,11 +42,7 @@ def main(argv=None) -> None:
     from transformers import LlamaForCausalLM  # noqa: F401  (its code is imported now, outside the limit)
 
     sp = dist.get_world_size()
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    procs = args.cgroup_procs[local] if len(args.cgroup_procs) > local else None
-    limit = apply_limit(args.cap_mb * 2**20, procs)
-    record(limit)
-    meter = Meter(limit.kind, procs)
+    limit, meter = join_limit(args.cap_mb, args.cgroup_procs)
     engine = engine_for(sp, training_dtype())
     rank0_print(f"SP {sp}: each rank under a {limit.kind} limit of {args.cap_mb} MiB")
     if args.tiling_length:

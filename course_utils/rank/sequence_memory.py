@@ -302,6 +302,22 @@ class Meter:
         return 0
 
 
+
+def join_limit(cap_mb: int, cgroup_procs: list[str]) -> tuple[object, Meter]:
+    """Put this rank under its limit — on a CPU the memory cgroup the notebook made for its local rank, one per rank as
+    if each had a device of its own (``course_utils.rank.bigger.apply_limit``) — record it, and return it with the
+    :class:`Meter` that reads it. Call it after the imports, before building the engine."""
+    import os
+
+    from course_utils.common.record import record
+    from course_utils.rank.bigger import apply_limit
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    procs = cgroup_procs[local] if len(cgroup_procs) > local else None
+    limit = apply_limit(cap_mb * 2**20, procs)
+    record(limit)
+    return limit, Meter(limit.kind, procs)
+
 def tiling_comparison(engine, sp: int, length: int, meter: Meter) -> TilingComparison:
     """One forward and backward pass of the engine at ``length`` with and without each tiling
     (:data:`TILING_SETTINGS`), no optimizer step: the rise of the rank's limit (``meter``), the loss, and how far
