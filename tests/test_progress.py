@@ -78,6 +78,37 @@ def test_pending_adds_the_ops_ahead_of_the_one_waited_for(tmp_path):
     assert opbuild.pending(["fused_adam"], _state(tmp_path, "cpu_adam", {"fused_adam": "built"})) == []
 
 
+def test_the_background_build_follows_the_order_the_notebooks_start_in():
+    course_order = [nb.stem for nb in sorted(paths.NOTEBOOKS.glob("*.ipynb"))]
+    todo = [ops.ASYNC_IO, ops.CPU_ADAM, ops.FUSED_ADAM]
+    # 04 needs cpu_adam and async_io; 07, 08, 10 and 12 need cpu_adam alone: it goes first
+    assert [op.key for op in ops.build_order(todo, course_order)] == ["fused_adam", "cpu_adam", "async_io"]
+    # a queue that starts with 07 (fused_adam and cpu_adam), then 02 (fused_adam): fused_adam serves both
+    assert [op.key for op in ops.build_order(todo, ["07_optimizers_and_schedulers", "02_first_deepspeed_loop"])] == [
+        "fused_adam", "cpu_adam", "async_io"]
+    # ops no queued notebook loads: the shorter builds first
+    assert [op.key for op in ops.build_order(todo, ["01_distributed_concepts"])][-1] == "async_io"
+
+
+def test_an_op_past_its_estimate_is_given_its_own_pace_not_a_few_seconds(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = tmp_path / "async_io"
+    folder.mkdir()
+    since = time.time() - 300
+    assert opbuild.left_of_building("async_io", 400, 300, since) == pytest.approx(100)     # within its estimate
+    assert opbuild.left_of_building("async_io", 200, 300, since) == pytest.approx(300)     # no build.ninja yet
+    (folder / "build.ninja").write_text("".join(f"build f{i}.o: compile f{i}.cpp\n" for i in range(12))
+                                        + "build async_io.so: link f0.o\n")
+    old = folder / "f0.o"
+    old.write_text("")
+    os.utime(old, (since - 100, since - 100))       # an earlier, failed build's file does not count
+    assert opbuild.left_of_building("async_io", 200, 300, since) == pytest.approx(300)
+    for i in range(1, 4):
+        (folder / f"f{i}.o").write_text("")
+    # 3 of 12 files in 300 s: 9 more and the link, at 100 s each
+    assert opbuild.left_of_building("async_io", 200, 300, since) == pytest.approx(1000)
+
+
 def test_a_launch_that_loads_an_op_still_building_waits_with_one_line(tmp_path, capsys):
     reads = iter([_state(tmp_path, "cpu_adam", {"fused_adam": "built"})] * 3 + [None] * 10)
     waited = opbuild.wait_for(["cpu_adam"], "This launch (04_offload_ladder)", poll=0.01, read=lambda: next(reads))

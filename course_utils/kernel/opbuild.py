@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import resource
 import signal
@@ -84,11 +85,41 @@ def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
     for n in queue:
         seconds = table.get(n, 60) * state.get("factor", 1.0)
         if n == state["building"]:
-            seconds = max(10.0, seconds - (time.time() - state["since"]))
+            seconds = left_of_building(n, seconds, time.time() - state["since"], state["since"])
         ahead += seconds
         if n in names:
             out.append((n, ahead))
     return out
+
+
+def compiled(key: str, since: float) -> tuple[int, int] | None:
+    """(object files ninja has written since ``since``, object files the op's ``build.ninja`` lists): how far the
+    op's compile has got (torch writes that file before it compiles); None before the file is there."""
+    op = _ops.by_key(key)
+    try:
+        targets = re.findall(r"^build (\S+\.o):", (_ops.folder(op) / "build.ninja").read_text(), re.M) if op else []
+    except OSError:
+        return None
+    done = 0
+    for t in targets:
+        try:
+            done += (_ops.folder(op) / t).stat().st_mtime >= since
+        except OSError:
+            pass
+    return (done, len(targets)) if targets else None
+
+
+def left_of_building(key: str, estimate: float, elapsed: float, since: float) -> float:
+    """Seconds until the op being built is ready: its estimate less its time so far; once it has run past that (a
+    machine busier than the estimate counted on), its own pace so far: the time per object file written, for the
+    files still to compile and the link (about one file's time), or, before any file is written, as long again."""
+    if elapsed < estimate - 10:
+        return estimate - elapsed
+    progress = compiled(key, since)
+    if not progress or not progress[0]:
+        return max(10.0, elapsed)
+    done, total = progress
+    return max(10.0, elapsed / done * (total - done + 1))
 
 
 def waiting_line(what: str, waits: list[tuple[str, float]]) -> str:
@@ -131,15 +162,19 @@ def wait_for_launch(script_stem: str, quiet: bool = False) -> float:
     return wait_for(names, f"This launch ({script_stem})", quiet)
 
 
-def start() -> subprocess.Popen | None:
-    """Start building the missing ops in the background (None when none is missing or a build already runs)."""
+def start(queue: list[str] | None = None) -> subprocess.Popen | None:
+    """Start building the missing ops in the background (None when none is missing or a build already runs), in the
+    order the notebooks of ``queue`` (stems, in the order they start) need them (:func:`course_utils.kernel.ops.build_order`)."""
     todo = _ops.missing()
     if not todo or read_state() is not None:
         return None
+    if queue:
+        todo = _ops.build_order(todo, queue)
     log = paths.build_dir() / LOG
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "course_utils.kernel.opbuild", "--build", "--state", str(state_file())],
+        proc = subprocess.Popen([sys.executable, "-m", "course_utils.kernel.opbuild", "--build", "--state", str(state_file()),
+                                 *(["--queue", *queue] if queue else [])],
                                 cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     write_state(state_file(), todo, {}, todo[0].key, proc.pid, _ops.BESIDE_NOTEBOOKS)   # waiters see it from now
@@ -282,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--background", nargs=argparse.REMAINDER,
                         help="run this command (e.g. jupyter lab) while the missing ops build in the background")
     parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)   # the background build's own process
+    parser.add_argument("--queue", nargs="*", help=argparse.SUPPRESS)   # its notebooks, in the order they start
     a = parser.parse_args(argv)
     if a.background is not None:
         return run_beside(a.background)
     if a.build:
         todo = _ops.missing(_ops.first_ops() if a.first else None)
+        if a.queue:
+            todo = _ops.build_order(todo, a.queue)
         return build(todo, a.state) if todo else 0
     return _ops.main()
 

@@ -44,15 +44,21 @@ CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10 and 12 (Ze
              ("04", "07", "08", "10", "12"), 55)
 ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185)   # with pin_memory
 
-# A background build shares the 2 cores with the two notebooks running meanwhile: until its first op tells the real
-# pace, it counts on about half the machine.
-BESIDE_NOTEBOOKS = 2.0
+# A background build shares the 2 cores with the two notebooks running meanwhile (each launching 2 ranks): its two
+# compilers get about a third of the machine, and the kernels, launchers and loading take more. A fresh `make course`
+# on 2 cores built fused_adam, async_io and cpu_adam (about 5 minutes idle) in about 18 minutes beside the notebooks:
+# until its first op tells the real pace (:class:`course_utils.kernel.opbuild.Pace`), it counts on 4 times the idle
+# estimate.
+BESIDE_NOTEBOOKS = 4.0
+# ... and the notebooks beside it run slower by about the share the compilers take (2 of 6 busy processes).
+NOTEBOOKS_BESIDE_BUILD = 1.5
 
-# In build order: what the earliest notebooks load first; of two first needed by the same notebook, the longer build
-# first (async_io before cpu_adam: while it builds, the notebooks that need neither fill both lanes, and 07 and 08 wait
-# only for cpu_adam's shorter build). A GPU machine's GPU ranks load CUDA builds and talk over NCCL (no shm op); its
-# CPU ranks (the launches that need more ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
-ALL_OPS = (SHM, FUSED_ADAM, ASYNC_IO, CPU_ADAM)
+# In build order when nothing says which notebooks come first (:func:`build_order` orders by the run's queue): what the
+# earliest notebooks load first; cpu_adam before async_io, since four notebooks after 04 wait for cpu_adam alone, while
+# async_io serves 04 only (a run that built async_io first kept 07 waiting almost 6 minutes for a one-minute build).
+# A GPU machine's GPU ranks load CUDA builds and talk over NCCL (no shm op); its CPU ranks (the launches that need more
+# ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
+ALL_OPS = (SHM, FUSED_ADAM, CPU_ADAM, ASYNC_IO)
 CUDA_OPS = (replace(FUSED_ADAM, device="cuda"), replace(ASYNC_IO, device="cuda"),    # 03 offloads on one GPU too
             replace(CPU_ADAM, device="cuda", needed_by="notebooks 03, 04, 07, 08, 10 and 12 (ZeRO-Offload)",
                     notebooks=("03",) + CPU_ADAM.notebooks))
@@ -85,6 +91,18 @@ def first_ops(ops: tuple[Op, ...] | None = None) -> list[Op]:
     """The ops the first notebooks of a fresh run load: built at set-up, before any notebook starts."""
     ops = course_ops() if ops is None else ops
     return [op for op in ops if any(op in for_script(f"{nb}_", ops) for nb in FIRST_NOTEBOOKS)]
+
+
+def build_order(todo: list[Op], queue: list[str]) -> list[Op]:
+    """``todo`` in the order the notebooks of ``queue`` (their stems, in the order they will start) need them: an op
+    whose first notebook comes sooner first; of two first needed by the same notebook, the one more of the following
+    notebooks need (they wait for it alone), then the shorter build. Ops no queued notebook loads come last."""
+    later = len(queue)
+
+    def key(op: Op) -> tuple:
+        users = [i for i, stem in enumerate(queue) if op in for_script(stem, tuple(todo))] or [later]
+        return users[0], -len(users), op.seconds
+    return sorted(todo, key=key)
 
 
 def extensions_dir(device: str | None = None) -> Path:

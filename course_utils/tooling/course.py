@@ -192,7 +192,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     estimate = {**manifest.full_seconds(), **earlier}     # the manifest's recorded run, then this machine's
     outcomes: list[Outcome] = []
     bar = progress.CourseBar(len(chosen))
-    builder, state, told, said = opbuild.start(), opbuild.read_state(), set(), {}
+    builder, state, told, said = opbuild.start([nb.stem for nb in queue]), opbuild.read_state(), set(), {}
     progress.say(f"{len(chosen)} notebooks, {lanes} at a time; each kernel's own log (outside its cells) goes to "
                  f"{paths.relative(build / 'executed')}/<notebook>.kernel.log")
 
@@ -213,8 +213,10 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
                     progress.say(line)
                 while (nb := next_notebook(queue, [n for n, _ in running.values()], alone, lanes, blocked)) is not None:
                     queue.remove(nb)
+                    beside_build = ops.NOTEBOOKS_BESIDE_BUILD if state is not None else 1.0   # compilers share the cores
                     progress.say(f"▶ notebook {len(chosen) - len(queue)} of {len(chosen)}: {nb.stem} (about "
-                                 f"{progress.minutes(estimate.get(nb.stem, 60))})"
+                                 f"{progress.minutes(beside_build * estimate.get(nb.stem, 60))}"
+                                 + (", beside the op build" if state is not None else "") + ")"
                                  + (f" — alone: {alone[nb]}" if nb in alone else ""))
                     running[pool.submit(_run_one, nb, smoke)] = (nb, time.monotonic())
                 if queue and queue[0] not in told and len(running) < lanes and (waits := blocked(queue[0])):
