@@ -296,3 +296,34 @@ def test_a_stall_counts_only_once_every_rank_has_printed_and_then_nothing_came()
     assert not stall.expired(["[rank 1] step 0"], streams), "a line just came"
     time.sleep(0.3)
     assert stall.expired([], streams) and stall.fired
+
+
+def test_rank_0_keeps_each_distinct_config_deepspeed_read_and_the_cell_names_it(tmp_path, capsys):
+    """The rank hook writes what rank 0's DeepSpeedConfig parsed (once per distinct config, a refused one too) with
+    the batch sizes DeepSpeed resolved; after the launch one line names them (configs_shown)."""
+    import subprocess
+    from course_utils.kernel.launch import configs_shown
+
+    code = ("from deepspeed.runtime.config import DeepSpeedConfig\n"
+            "c = {'train_micro_batch_size_per_gpu': 3, 'gradient_accumulation_steps': 2, 'bf16': {'enabled': True},"
+            " 'zero_optimization': {'stage': 2}}\n"
+            "DeepSpeedConfig(c); DeepSpeedConfig(dict(c))\n"            # the same config twice (zero.Init, initialize)
+            "try:\n    DeepSpeedConfig({'train_batch_size': 5, 'train_micro_batch_size_per_gpu': 2})\n"
+            "except Exception as e:\n    print('refused', type(e).__name__)\n")
+    env = {**os.environ, "PYTHONPATH": str(environment.RANK_HOOK), "RANK": "0", "COURSE_RUN_DIR": str(tmp_path)}
+    env.pop("COURSE_RANK_PID", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "refused" in done.stdout, done.stderr
+    entries = configs_shown.show(tmp_path)
+    assert [e["config"].get("train_batch_size") for e in entries] == [None, 5]
+    assert entries[0]["config"]["zero_optimization"] == {"stage": 2}
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("DeepSpeed configs the ranks used: 1. ZeRO stage 2, bf16, train_batch_size 6 = 3 × 2 × 1 "
+                           "ranks; 2. refused by DeepSpeed (AssertionError: "), line
+    assert line.endswith("configs/")
+    # rank 1 writes none
+    env["RANK"] = "1"
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-c", code], env={**env, "COURSE_RUN_DIR": str(other)}, capture_output=True,
+                   timeout=120)
+    assert configs_shown.read(other) == []

@@ -9,6 +9,7 @@ rank hook (``rank_hook/sitecustomize.py``), the runner and the failure reader al
     finished/rank<N>        a rank that got to the end (scaffolding.finish, or the rank hook)
     failures/rank<N>.json   a rank's uncaught exception, with its time (the rank hook)
     stacks/rank<N>-<pid>.txt each rank's faulthandler file, written on SIGUSR1 (the rank hook)
+    configs/<n>.json        each DeepSpeed config rank 0's DeepSpeedConfig read, once per distinct config (the rank hook)
     scratch/                folders nobody reads afterwards (scaffolding.scratch_dir)
 
 Standard library only: the rank hook imports it at every process's start.
@@ -29,6 +30,7 @@ FINISHED = "finished"
 FAILURES = "failures"
 STACKS = "stacks"
 SCRATCH = "scratch"
+CONFIGS = "configs"
 _FALLBACK = "course-outside-a-launch"
 
 
@@ -77,6 +79,11 @@ def stacks_file(run_dir: Path, rank: int | str, pid: int) -> Path:
 
 def stacks_files(run_dir: Path) -> list[Path]:
     return sorted((Path(run_dir) / STACKS).glob("rank*-*.txt"))
+
+
+def config_files(run_dir: Path) -> list[Path]:
+    """The DeepSpeed configs rank 0 read, in the order it read them."""
+    return sorted((Path(run_dir) / CONFIGS).glob("*.json"), key=lambda p: int(p.stem) if p.stem.isdigit() else 0)
 
 
 def scratch(run_dir: Path) -> Path:

@@ -18,6 +18,7 @@ from course_utils.kernel import hardware, opbuild
 from course_utils.common import paths
 from course_utils.kernel.launch import commands as cmds
 from course_utils.kernel.launch.environment import rank_environment
+from course_utils.kernel.launch import configs_shown
 from course_utils.kernel.launch.failures import failure_message, finished_message, hidden_note
 from course_utils.kernel.launch.options import LaunchOptions
 from course_utils.kernel.launch.processes import (end_run_processes, kill_group, kill_ssh_launch, release_build_locks,
@@ -174,6 +175,8 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
                           rank_logs={r: "\n".join(lines) for r, lines in streams.rank_text.items()},
                           hidden_lines=hidden, stacks=stacks)
     note = hidden_note(hidden, run_dir)
+    if not options.quiet:
+        configs_shown.show(run_dir)        # the configs DeepSpeed read in the ranks, collapsed under the cell
     if returncode != 0 and options.check:
         raise LaunchError(failure_message(result, timed_out, options.timeout, note,
                                           stalled=stall.seconds if stall is not None and stall.fired else None), result)

@@ -285,7 +285,62 @@ def _cuda_as_the_described_machine():
     _PATCHES["torch.cuda"] = patch
 
 
+def _keep_the_configs_rank0_reads():
+    """Rank 0 writes each distinct DeepSpeed config it reads to ``configs/<n>.json`` in the run folder, as
+    ``DeepSpeedConfig`` parsed it (deepspeed/runtime/config.py: a dict, a path or base64, read with hjson), with the
+    batch sizes and ZeRO stage DeepSpeed resolved from it: the config the ranks really used, whichever helper or the
+    Trainer (its "auto" values filled) built it. ``deepspeed.initialize`` and ``zero.Init`` both make one; a config
+    DeepSpeed refuses is written too, before its error."""
+    if not (_IS_RANK and os.environ.get("RANK") == "0"):
+        return
+    seen = []
+
+    def keep(cfg, error=None):
+        try:
+            text = json.dumps(cfg._param_dict, indent=2, default=str)
+        except (AttributeError, TypeError, ValueError):
+            return
+        if text in seen:
+            return
+        seen.append(text)
+        if error is None:
+            resolved = {k: getattr(cfg, a, None) for k, a in (
+                ("train_batch_size", "train_batch_size"), ("micro_batch", "train_micro_batch_size_per_gpu"),
+                ("accumulation", "gradient_accumulation_steps"), ("world_size", "world_size"),
+                ("zero_stage", "zero_optimization_stage"))}
+            resolved["bf16"] = bool(getattr(getattr(cfg, "bfloat16_config", None), "enabled", False))
+            resolved["fp16"] = bool(getattr(getattr(cfg, "float16_config", None), "enabled", False))
+            entry = {"resolved": resolved}
+        else:
+            entry = {"refused": f"{type(error).__name__}: {error}"[:500]}
+        try:
+            folder = os.path.join(str(run_folder.current()), run_folder.CONFIGS)
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"{len(seen)}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"config": json.loads(text), **entry}, f, indent=1, default=str)
+            os.replace(path + ".tmp", path)
+        except (OSError, TypeError, ValueError):
+            pass
+
+    def patch(module):
+        cls = module.DeepSpeedConfig
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            try:
+                init(self, *args, **kwargs)
+            except Exception as e:
+                keep(self, e)
+                raise
+            keep(self)
+        cls.__init__ = __init__
+
+    _PATCHES["deepspeed.runtime.config"] = patch
+
+
 _compile_muon_kernels_when_first_called()
+_keep_the_configs_rank0_reads()
 _trainer_joins_the_cpu_ranks()
 _cpu_ranks_see_no_gpu()
 _cuda_as_the_described_machine()
