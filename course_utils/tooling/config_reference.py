@@ -114,8 +114,51 @@ def _constant_key(section: str, name: str) -> Key | None:
     for attr, value in vars(module).items():
         if value == name and isinstance(value, str) and hasattr(module, f"{attr}_DEFAULT"):
             default = getattr(module, f"{attr}_DEFAULT")
-            return Key(f"{section}.{name}".lstrip("."), _shown(default), f"`{module.__name__}.{attr}_DEFAULT`")
+            return Key(f"{section}.{name}".lstrip("."), _shown(default), f"`{module.__name__}.{attr}_DEFAULT`",
+                       _constant_doc(module, attr))
     return None
+
+
+_BOILERPLATE = re.compile(r"Users can configure in ds_config\.json as below example:?|By default, this feature is not "
+                          r"enabled\.?|Example:?$")
+
+
+def _constant_doc(module, attr: str) -> str:
+    """The comment DeepSpeed's source puts above the block that defines ``attr`` (its style for config constants:
+    ``# Gradient accumulation feature. ...`` above a ``*_FORMAT`` example and the constants), first sentence; ""
+    where there is none. Walks up from ``attr = "key"`` over the block's other assignments and its example string."""
+    try:
+        lines = inspect.getsource(module).splitlines()
+    except (OSError, TypeError):
+        return ""
+    at = next((i for i, line in enumerate(lines) if re.match(rf"{attr}\s*=", line)), None)
+    if at is None:
+        return ""
+    comment: list[str] = []
+    i, in_string, others = at - 1, False, False     # others: the comment heads a block of other keys' constants too
+    while i >= 0 and at - i < 40:
+        line = lines[i].strip()
+        if line.count("'''") % 2 or line.count('"""') % 2:
+            in_string = not in_string
+        elif in_string or not line or (m := re.match(r"([A-Z0-9_]+)\s*=", line)):
+            if comment:
+                break
+            if not in_string and line and not m[1].startswith(attr):
+                others = True
+        elif line.startswith("#"):
+            text = line.strip("#").strip()
+            if re.match(r"Copyright|SPDX|DeepSpeed Team$", text):
+                break
+            if text and not set(text) <= {"#", "-", "="}:
+                comment.insert(0, text)
+            elif comment:
+                break
+        else:
+            break
+        i -= 1
+    text = _BOILERPLATE.sub("", " ".join(comment)).strip()
+    first = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0] if text else ""
+    return f"(its section) {first}" if first and others else first
 
 
 def _param_key(section: str, type_name: str, name: str) -> Key | None:
@@ -258,7 +301,9 @@ def render(keys: list[Key]) -> str:
     for k in keys:
         doc = k.doc.replace("|", "\\|")
         used = ", ".join(k.configs) if len(k.configs) <= 4 else f"{len(k.configs)} of the course's configs"
-        lines.append(f"| `{k.path}` | `{k.default}` | {doc or k.defined_in} | {used} | "
+        defined = doc or ("no description in DeepSpeed's source" if k.defined_in.endswith("_DEFAULT`")
+                          else k.defined_in)
+        lines.append(f"| `{k.path}` | `{k.default}` | {defined} | {used} | "
                      f"{'; '.join(k.where) or '—'} |")
     return "\n".join(lines) + "\n"
 
