@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.tooling import course, manifest, tables
+from course_utils.tooling import course, manifest, study_time, tables
 from course_utils.common import paths
 
 
@@ -135,3 +135,34 @@ def test_an_exercise_without_its_wrong_answers_is_named(tmp_path):
     path = tmp_path / "99_new.ipynb"
     nbformat.write(nb, str(path))
     assert declared_gaps(path) == ["guess: no wrong answers declared in tests/answers/nb99.py"]
+
+
+def test_the_paths_through_the_course_name_real_notebooks_and_sections_and_add_up():
+    """Each route of the README and INSTRUCTORS.md names notebooks and sections that exist; its hours are the sum of
+    its steps (a whole notebook: its opening box's time; some sections: less than the whole)."""
+    from course_utils.tooling import routes
+
+    assert routes.problems() == []
+    found = routes.load()
+    assert {"one_gpu", "cluster", "workshop"} <= set(found)
+    for name, route in found.items():
+        steps = [routes.Step.parse(s) for s in route["steps"]]
+        for step in steps:
+            whole = routes.step_minutes(routes.Step(step.prefix), bool(route.get("led")))
+            part = routes.step_minutes(step, bool(route.get("led")))
+            assert 0 < part <= whole if step.sections else part == whole, (name, str(step))
+    first = routes.Step("00")
+    box = study_time.box_line(first.notebook())
+    assert f"about {routes.step_minutes(first)} min on your own" in box
+
+
+def test_a_path_that_names_a_missing_notebook_or_section_is_named(tmp_path):
+    from course_utils.tooling import routes
+
+    toml = tmp_path / "manifest.toml"
+    toml.write_text('[path.x]\ntitle = "X"\nfor_whom = "y"\nsteps = ["03 §99", "42", "3x"]\n[path.z]\ntitle = "Z"\n')
+    wrong = routes.problems(toml)
+    assert any("03_zero_stages has no section 99" in w for w in wrong)
+    assert any("no notebook 42_" in w for w in wrong)
+    assert any("not '3x'" in w for w in wrong)
+    assert "path z: for_whom missing" in wrong and "path z: steps missing" in wrong

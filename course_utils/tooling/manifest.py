@@ -51,7 +51,8 @@ def problems(path: Path = MANIFEST, notebooks: Path = paths.NOTEBOOKS) -> list[s
                 out.append(f"{stem}: {key} missing or not {kind.__name__}")
         for key in set(e) - set(REQUIRED) - set(OPTIONAL):
             out.append(f"{stem}: unknown field {key!r}")
-    return out
+    from course_utils.tooling import routes
+    return out + routes.problems(path, notebooks)
 
 
 def smoke_seconds(path: Path = MANIFEST) -> dict[str, int]:

@@ -4,8 +4,12 @@ lines of its code, its exercises, and its run time in the last full ``make cours
 beside the workshop slot; ``python -m course_utils.tooling.tables --write`` writes the boxes, and
 tests/test_manifest.py fails when one drifts.
 
-The rates are planning figures, calibrated on one reader who worked through all 15 notebooks alone (read every
-section and excerpt, did every exercise) in 14–15 hours: the rates below give about 15 hours for the same notebooks.
+The rates are planning figures, calibrated on readers who worked through the notebooks alone (read every section and
+excerpt, did every exercise): the first read the first 15 notebooks in 14–15 hours; the second read 00–16 in about
+22.5 hours, and the notebooks that print the most source excerpts took longest (03 about 130 minutes, 11 about 120,
+13 about 100, 15 about 110). Each printed excerpt (of DeepSpeed's, transformers' or the course's own source) is read
+against the text around it: :data:`MINUTES_PER_EXCERPT` counts it, which brings those four within about 10 % of that
+reader and the seventeen together within about 7 %.
 """
 from __future__ import annotations
 
@@ -21,16 +25,31 @@ from course_utils.tooling.nbtools import opening_box_drift
 WORDS_PER_MINUTE = 100         # reading the text, its tables and figures
 CODE_LINES_PER_MINUTE = 15     # reading the code cells (excerpts of DeepSpeed's source are printed, not counted)
 MINUTES_PER_EXERCISE = 10      # one exercise, its launch and a retry included
+MINUTES_PER_EXCERPT = 0.75     # one printed source excerpt (a show_source / show_script / show_deepspeed_source call)
+EXCERPT_CALL = re.compile(r"\bshow_(?:source|script|script_function|deepspeed_source)\(")
 BOX_PREFIX = "> **Time to allow**"
 
 
 def reading_minutes(notebook: Path) -> float:
-    """Minutes to read ``notebook``'s markdown (at :data:`WORDS_PER_MINUTE`) and code (:data:`CODE_LINES_PER_MINUTE`)."""
-    nb = nbformat.read(str(notebook), as_version=4)
-    words = sum(len(re.findall(r"\S+", line)) for c in nb.cells if c.cell_type == "markdown"
+    """Minutes to read ``notebook``'s markdown (at :data:`WORDS_PER_MINUTE`), code (:data:`CODE_LINES_PER_MINUTE`) and
+    the source excerpts its code prints (:data:`MINUTES_PER_EXCERPT` each)."""
+    return cells_reading_minutes(nbformat.read(str(notebook), as_version=4).cells)
+
+
+def cells_reading_minutes(cells: list) -> float:
+    """:func:`reading_minutes` of some of a notebook's cells (a route that takes only some sections)."""
+    words = sum(len(re.findall(r"\S+", line)) for c in cells if c.cell_type == "markdown"
                 for line in c.source.splitlines() if not line.startswith(BOX_PREFIX))   # the time itself: not read
-    code = sum(1 for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines() if line.strip())
-    return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE
+    code = sum(1 for c in cells if c.cell_type == "code" for line in c.source.splitlines() if line.strip())
+    excerpts = sum(len(EXCERPT_CALL.findall(c.source)) for c in cells if c.cell_type == "code")
+    return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE + excerpts * MINUTES_PER_EXCERPT
+
+
+def is_solution_cell(cell) -> bool:
+    """An exercise's cell, as the student edition finds it (what :func:`exercises` counts)."""
+    from course_utils.tooling.student import BEGIN
+
+    return cell.cell_type == "code" and BEGIN in cell.source
 
 
 def exercises(notebook: Path) -> int:

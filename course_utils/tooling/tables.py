@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from course_utils.tooling import gpu_table, instructors, study_time
+from course_utils.tooling import gpu_table, instructors, routes, study_time
 from course_utils.tooling.manifest import README, README_BEGIN, README_END, between, full_rows, problems, readme_table
 
 GPU_BEGIN = "<!-- GPU table: written by `python -m course_utils.tooling.tables --write` from the notebooks' launches -->"
@@ -19,19 +19,24 @@ GPU_END = "<!-- end of GPU table -->"
 
 def _readme() -> str:
     text = between(README.read_text(), README_BEGIN, README_END, readme_table(), "README.md")
+    text = between(text, routes.BEGIN, routes.END, routes.table(), "README.md")
     return between(text, GPU_BEGIN, GPU_END, gpu_table.readme_gpu_table(), "README.md")
+
+
+def _guide() -> str:
+    text = instructors.with_table(instructors.GUIDE.read_text(), instructors.render(full_rows()))
+    return between(text, routes.BEGIN, routes.END, routes.table(), "INSTRUCTORS.md")
 
 
 def tables_drift() -> list[str]:
     """Which generated tables differ from what the manifest makes (empty: all match)."""
     out = []
     if _readme() != README.read_text():
-        out.append("README.md's notebook or GPU table")
+        out.append("README.md's notebook, paths or GPU table")
     out += [f"{stem}'s \"On GPUs\" line" for stem in gpu_table.box_drift()]
     out += [f"{stem}'s \"Time to allow\" line" for stem in study_time.box_drift()]
-    guide = instructors.GUIDE.read_text()
-    if instructors.with_table(guide, instructors.render(full_rows())) != guide:
-        out.append("INSTRUCTORS.md's timing table")
+    if _guide() != instructors.GUIDE.read_text():
+        out.append("INSTRUCTORS.md's timing or paths table")
     return out
 
 
@@ -41,7 +46,7 @@ def write_tables() -> list[str]:
     README.write_text(_readme())
     gpu_table.box_drift(write=True)
     study_time.box_drift(write=True)
-    instructors.GUIDE.write_text(instructors.with_table(instructors.GUIDE.read_text(), instructors.render(full_rows())))
+    instructors.GUIDE.write_text(_guide())
     return changed
 
 
