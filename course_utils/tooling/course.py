@@ -77,9 +77,13 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
 
 def to_html(executed: Path, html_dir: Path) -> None:
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
+    from course_utils.tooling.study_time import RECORD_TAG
 
     html_dir.mkdir(parents=True, exist_ok=True)
-    body, _ = HTMLExporter().from_filename(str(executed))
+    exporter = HTMLExporter()        # the cells that only record the run's figures stay out of sight, as in JupyterLab
+    exporter.register_preprocessor(TagRemovePreprocessor(remove_input_tags={RECORD_TAG}, enabled=True), enabled=True)
+    body, _ = exporter.from_filename(str(executed))
     (html_dir / f"{executed.stem}.html").write_text(body)
 
 

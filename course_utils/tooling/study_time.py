@@ -28,6 +28,7 @@ MINUTES_PER_EXERCISE = 10      # one exercise, its launch and a retry included
 MINUTES_PER_EXCERPT = 0.75     # one printed source excerpt (a show_source / show_script / show_deepspeed_source call)
 EXCERPT_CALL = re.compile(r"\bshow_(?:source|script|script_function|deepspeed_source)\(")
 BOX_PREFIX = "> **Time to allow**"
+RECORD_TAG = "record"          # a cell that only records the run's figures: its source hidden, not read
 
 
 def reading_minutes(notebook: Path) -> float:
@@ -40,7 +41,8 @@ def cells_reading_minutes(cells: list) -> float:
     """:func:`reading_minutes` of some of a notebook's cells (a route that takes only some sections)."""
     words = sum(len(re.findall(r"\S+", line)) for c in cells if c.cell_type == "markdown"
                 for line in c.source.splitlines() if not line.startswith(BOX_PREFIX))   # the time itself: not read
-    code = sum(1 for c in cells if c.cell_type == "code" for line in c.source.splitlines() if line.strip())
+    code = sum(1 for c in cells if c.cell_type == "code" and RECORD_TAG not in c.get("metadata", {}).get("tags", [])
+               for line in c.source.splitlines() if line.strip())      # a recording cell is out of sight: not read
     excerpts = sum(len(EXCERPT_CALL.findall(c.source)) for c in cells if c.cell_type == "code")
     return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE + excerpts * MINUTES_PER_EXCERPT
 
