@@ -1,11 +1,13 @@
-"""A transformers MoE model (tiny OLMoE and Mixtral, built from their configs) trained at ZeRO-3 on every rank,
-without and with ``zero_optimization.leaf_module`` naming its sparse block: how each run ends, its losses, and the
-parameter fetches of one step. Then the same OLMoE with its sparse blocks replaced by blocks that keep their experts in
-a list and run only the chosen ones (``course_utils.rank.moe.ExpertListBlock``): trained by plain PyTorch in one process
-on every rank's tokens at once (the losses a working ZeRO-3 run of it must give), then at ZeRO-3 with the section your
-``leaf_module_section()`` returns (--yours; notebook 15's exercise 3, whose answer this script does not hold). Then
-DeepSpeed's AutoEP asked to split the Mixtral's experts over the ranks; and last the expert-list model at ZeRO-3 without
-a leaf module (its ranks fail).
+"""A transformers MoE model (tiny OLMoE and Mixtral, built from their configs) trained at ZeRO-3 on every rank, on
+sequences that count up by one (``course_utils.rank.moe.lm_batch``), without and with ``zero_optimization.leaf_module``
+naming its sparse block: how each run ends, its losses, and the parameter fetches of one step. Then the same OLMoE with
+its sparse blocks replaced by blocks that keep their experts in a list and run only the chosen ones
+(``course_utils.rank.moe.ExpertListBlock``), on 4 random ids per rank and step (``random_ids``: nothing to learn,
+what its runs compare is the losses): trained by plain PyTorch in one process on every rank's tokens at once (the
+losses a working ZeRO-3 run of it must give), then at ZeRO-3 with the section your ``leaf_module_section()`` returns
+(--yours; notebook 15's exercise 3, whose answer this script does not hold). Then DeepSpeed's AutoEP asked to split
+the Mixtral's experts over the ranks; and last the expert-list model at ZeRO-3 without a leaf module: its ranks fail,
+and so does the launch.
 
 Run from a terminal:
   deepspeed --num_gpus 2 scripts/15_moe_zero3.py --deepspeed_config configs/15_moe_zero3.json
@@ -39,8 +41,7 @@ def train(label: str, family: str, config: dict, steps: int, expert_lists: bool 
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         leaves = len(get_z3_leaf_modules(engine.module))
         for s in range(steps):
-            ids = (m.lm_batch(s, dist.get_rank(), 1, m.LIST_TOKENS) if expert_lists
-                   else m.lm_batch(s, dist.get_rank())).to(engine.device)
+            ids = (m.random_ids(s, dist.get_rank()) if expert_lists else m.lm_batch(s, dist.get_rank())).to(engine.device)
             with m.FetchCounter() as counter:
                 start = time.perf_counter()
                 loss = engine(input_ids=ids, labels=ids).loss
@@ -70,7 +71,7 @@ def without_deepspeed(config: dict, steps: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), **config["optimizer"]["params"])
     losses = []
     for s in range(steps):
-        ids = torch.cat([m.lm_batch(s, r, 1, m.LIST_TOKENS) for r in range(dist.get_world_size())])
+        ids = torch.cat([m.random_ids(s, r) for r in range(dist.get_world_size())])
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         for p in model.parameters():      # an engine steps every parameter: one no token chose has a zero gradient

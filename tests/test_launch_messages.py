@@ -29,6 +29,7 @@ HIDDEN = [
     "[rank 0] /x/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:661: UserWarning: 'pin_memory' "
     "argument is set as true but no accelerator is found, then device pinned memory won't be used.",
     "[rank 1] Map: 100%|██████████| 1000/1000 [00:00<00:00, 12345.67 examples/s]",
+    "[rank 0] [I1128 18:58:51.479929236 socket.cpp:955] [c10d] The client socket has connected to [::ffff:127.0.0.1]:46817",
 ]
 SHOWN = [
     "[rank 0] step 3 loss 2.4512",
@@ -38,6 +39,7 @@ SHOWN = [
     "[rank 1] ValueError: deliberate failure on rank 1",
     "[launcher] [2025-01-02 10:11:12,345] [WARNING] [engine.py:1:x] something the learner should read",
     "[rank 0] /x/scripts/mine.py:3: FutureWarning: my own code uses a deprecated argument",
+    "[rank 1] [W1128 18:58:51.010553556 ProcessGroupGloo.cpp:12] Warning: a collective timed out",
 ]
 
 

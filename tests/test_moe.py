@@ -86,3 +86,54 @@ def test_the_leaf_check_marks_the_leaves_as_deepspeed_does(section, said):
     leaf must hold each sparse block whole and run its own forward (a decoder layer holding the block does too)."""
     got = views.leaf_problem(section)
     assert got is None if said is None else said in got
+
+
+def test_section_5s_sequences_count_up_and_the_expert_lists_get_random_ids():
+    """The ZeRO-3 runs' data: each sequence counts up by one from a random start, wrapping past the last id to the
+    first one that is not a special token, so the next token always follows from the one before; the expert-list
+    model's ids are random, within the same ids, new every step."""
+    ids = moe.lm_batch(0, 1, micro=8, tokens=moe.VOCAB)
+    assert ids.min() >= moe.FIRST_ID and ids.max() < moe.VOCAB
+    after = moe.FIRST_ID + (ids[:, :-1] - moe.FIRST_ID + 1) % (moe.VOCAB - moe.FIRST_ID)
+    assert torch.equal(ids[:, 1:], after)
+    assert not torch.equal(ids, moe.lm_batch(1, 1, micro=8, tokens=moe.VOCAB)), "another step, other starts"
+    assert views.random_id_loss() == pytest.approx(math.log(125))
+    ids = moe.random_ids(0, 1)
+    assert ids.shape == (1, moe.LIST_TOKENS) and ids.min() >= moe.FIRST_ID and ids.max() < moe.VOCAB
+    assert not torch.equal(ids, moe.random_ids(1, 1))
+
+
+def test_a_launch_that_failed_is_not_reported_as_finished(tmp_path):
+    """Section 5's launch fails on purpose and is returned with check=False: its last line says it failed, with the
+    exit code and the ranks that got to the end, and reads the launcher's line for the rank that ended it."""
+    from course_utils.common import run_folder
+    from course_utils.kernel.launch.failures import finished_message
+    from course_utils.kernel.launch.result import LaunchResult
+
+    (tmp_path / run_folder.FINISHED).mkdir()
+    (tmp_path / run_folder.FINISHED / "rank0").write_text("")
+    failed = LaunchResult(returncode=250, log="", records=[], run_dir=tmp_path, command="", seconds=19.1, world_size=2)
+    said = finished_message(failed)
+    assert not said.startswith("✔") and "exit code 250" in said and "1 of 2 ranks finished" in said
+    assert finished_message(LaunchResult(returncode=0, log="", records=[], run_dir=tmp_path, command="", seconds=1.0,
+                                         world_size=2)).startswith("✔ 2 ranks finished")
+    log = ("[launcher] [ERROR] [launch.py:259:sigkill_handler] ['/x/python', '-u', 'scripts/15_moe_zero3.py', "
+           "'--local_rank=1', '--steps', '6'] exits with return code = -6")
+    assert views.launcher_exit(log) == (1, -6) and views.launcher_exit("all well") is None
+
+
+def test_the_zero3_table_takes_a_run_rank_0_did_not_live_to_record_from_another_rank():
+    """gloo aborts whichever rank receives the mismatched gather in section 5's last run: when that is rank 0, rank 1's
+    record of the run is the one the table shows; every other run stays rank 0's."""
+    from course_utils.common.records.moe import Zero3Run
+
+    def run(label, rank, outcome="trained", losses=(4.9, 4.8)):
+        value = {"label": label, "family": "OLMoE", "block": "ExpertListBlock", "leaf_section": None,
+                 "leaf_modules": 0, "blocks": 2, "outcome": outcome, "losses": list(losses)}
+        return {"name": Zero3Run.NAME, "rank": rank, "value": value}
+
+    records = [run("OLMoE, no leaf module", 0), run("OLMoE, no leaf module", 1, losses=(9.0,)),
+               run("expert lists, no leaf module", 1, outcome="RuntimeError: Connection reset by peer", losses=())]
+    rows = {r["run"]: r for r in views.zero3_rows(records)}
+    assert list(rows) == ["OLMoE, no leaf module", "expert lists, no leaf module"]
+    assert rows["OLMoE, no leaf module"]["losses"] == [4.9, 4.8] and rows["expert lists, no leaf module"]["outcome"] == "RuntimeError"

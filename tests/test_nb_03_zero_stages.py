@@ -93,6 +93,15 @@ def check_each_stage_sends_what_deepspeed_0_19_issues(m):
                 assert gathered == 1, (n, dtype, gathered)
             else:
                 assert gathered >= 2, (n, dtype, gathered)
+    # the comm table's ratio to the paper's figure at the same N, as section 4's text reads it (stages 1-2: 1.5 ×)
+    vs_paper = {(r["world_size"], r["dtype"], r["run"]): r["ratio"] for r in m["comm_vs_paper"]}
+    assert set(vs_paper) == set(comm), set(vs_paper) ^ set(comm)
+    for (n, dtype, run), ratio in vs_paper.items():
+        expected = {"stage 0": 1, "stage 1": 1.5, "stage 2": 1.5, "stage 3": 2 / 3}.get(run)
+        if expected is None:                                   # released after use: the tied embedding on top
+            assert 1 < ratio < 1.25, (n, dtype, run, ratio)
+        else:
+            assert ratio == pytest.approx(expected, abs=1e-3), (n, dtype, run, ratio)
 
 
 def check_zero_sent_and_the_zero3_projection(m):

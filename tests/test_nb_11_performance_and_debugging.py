@@ -53,8 +53,14 @@ def test_notebook_runs_and_records_its_figures():
     assert 0.8 * b["clock"] <= b["timers total"] <= 1.01 * b["clock"]
     assert all(b[k] > 0 for k in perf.BREAKDOWN)
     assert m["alpha_s"] > 0 and m["beta_s_per_byte"] > 0
-    # the gradient all-reduce call (from the comms logger's running totals) lies inside the engine's bwd_allreduce timer
-    assert 0 < m["grad_allreduce_call_ms"] < m["bwd_allreduce_ms"]
+    # α–β's bare all-reduce < the call in a step (the all-reduce itself + the wait for the last rank) < the engine's
+    # bwd_allreduce timer around it (+ the copies outside the call); the parts add up to the timer
+    parts = m["grad_allreduce_parts_ms"]
+    assert 0 < m["predicted_grad_allreduce_ms"] < parts["call"] < parts["timer"]
+    assert parts["all-reduce itself"] > 0 and parts["waiting"] >= 0 and parts["outside the call"] > 0
+    assert parts["all-reduce itself"] + parts["waiting"] + parts["outside the call"] == pytest.approx(parts["timer"])
+    # the flops profiler profiled the step that began with global_steps == profile_step and titled it after its update
+    assert m["profile_summary_step"] == m["profiled_row"] + 1
 
     # 5 · the csv_monitor wrote the loss (the script) and the learning rate (the engine) of every step
     assert {"Train_Samples_train_loss", "Train_Samples_lr", "Train_Samples_elapsed_time_ms_forward"} <= set(m["monitor_series"])
@@ -111,6 +117,62 @@ def test_deepspeed_step_factor_reads_the_line_the_pinned_profiler_prints():
         assert perf.deepspeed_step_factor(line) == 3 + recompute_fwd_factor
     with pytest.raises(ValueError, match="wall_clock_breakdown"):
         perf.deepspeed_step_factor("fwd flops per GPU: 3.56 G")
+
+
+def test_profile_title_and_latencies_read_the_lines_the_pinned_profiler_prints():
+    """The profile's title counts the steps completed (engine.global_steps after the profiled step's update), and its
+    latencies are read in ms whatever unit DeepSpeed's duration_to_string chose; the lines come from the installed source."""
+    from deepspeed.profiling.flops_profiler.profiler import duration_to_string
+
+    spec = importlib.util.find_spec("deepspeed")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    assert "print(f'Profile Summary at step {profile_step}:')" in (root / "profiling/flops_profiler/profiler.py").read_text()
+    engine = (root / "runtime/engine.py").read_text()
+    assert "profile_step=self.global_steps," in engine and "self.global_steps += 1" in engine
+    text = "Profile Summary at step 3:\n" + "\n".join(
+        f"{'{:<70}  {:<8}'.format(name + ' latency: ', duration_to_string(seconds))}"
+        for name, seconds in (("fwd", 0.2091), ("bwd", 0.56378), ("step", 0.00021963), ("iter", 1.0252)))
+    assert perf.profile_summary_step(text) == 3
+    printed = perf.profile_latencies_ms(text)
+    assert printed == pytest.approx({"fwd": 209.1, "bwd": 563.78, "step": 0.21963, "iter": 1030.0})
+    assert all(perf.same_as_printed(ms, printed[k]) for k, ms in (("fwd", 209.1), ("bwd", 563.78), ("step", 0.21963),
+                                                                   ("iter", 1025.2)))
+    assert not perf.same_as_printed(1035.1, printed["iter"]) and not perf.same_as_printed(209.11, printed["fwd"])
+
+
+def test_grad_allreduce_takes_the_last_rank_s_call_as_the_all_reduce_itself():
+    """Two ranks, one step after the profiled one: rank 0's call of 200 ms holds 150 ms of waiting for rank 1, whose own
+    call took 50 ms; the timers around the calls hold 60 and 40 ms more; rank 1's forward + backward was 140 ms longer."""
+    from course_utils.common.record import plain
+    from course_utils.common.records.perf import FlopsProfile, StepTime
+
+    def step(rank, i, totals, timer, compute):
+        comm = {"all_reduce": [[1000, [totals[0]]], [4, [totals[1]]]]}
+        timers = {"bwd_allreduce": timer, "fwd": compute / 2, "bwd_inner": compute / 2}
+        return {"name": StepTime.NAME, "rank": rank, "value": plain(StepTime(i, 0.0, timers, comm, 0.0))}
+
+    records = [{"name": FlopsProfile.NAME, "rank": 0, "value": plain(FlopsProfile(0, 1, 1, 1, 1, [], 1.0, ""))},
+               step(0, 0, (10.0, 12.0), 30.0, 100.0), step(0, 1, (212.0, 213.0), 260.0, 100.0),
+               step(1, 0, (9.0, 10.0), 30.0, 100.0), step(1, 1, (60.0, 61.0), 90.0, 240.0)]
+    grad = perf.grad_allreduce(records)
+    assert grad.bytes == 1000 and grad.steps == [1]
+    assert grad.parts() == pytest.approx({"all-reduce itself": 50.0, "waiting": 150.0, "call": 200.0,
+                                          "outside the call": 60.0, "timer": 260.0})
+    assert grad.longest_wait() == pytest.approx((1, 150.0, 140.0)) and grad.calls_outside_timer() == []
+
+
+def test_streamed_lines_leave_out_the_cpp_core_s_info_lines_only():
+    """A quiet launch's lines as the runner would have streamed them: c10d's INFO line goes, a warning of the C++ core
+    and the rank's own lines stay; DeepSpeed's INFO chatter goes as the runner's filter says."""
+    from types import SimpleNamespace
+
+    log = "\n".join(["[rank 0] [I1128 18:58:51.479929236 socket.cpp:955] [c10d] The client socket has connected to x",
+                     "[rank 0] [W1128 18:58:52.000000000 ProcessGroupGloo.cpp:1] a warning",
+                     "[rank 0] [2026-11-28 18:58:50,123] [INFO] [comm.py:1] chatter",
+                     "[rank 0] step 0: my loss 1.0"])
+    assert perf.streamed_lines(SimpleNamespace(log=log)) == ["[rank 0] [W1128 18:58:52.000000000 ProcessGroupGloo.cpp:1] a warning",
+                                                             "[rank 0] step 0: my loss 1.0"]
+    assert len(perf.streamed_lines(SimpleNamespace(log=log), cpp_info=True)) == 3
 
 
 def test_per_call_ms_takes_differences_of_the_running_totals():

@@ -1,5 +1,7 @@
 """Notebook 13 executed with papermill: a 2-stage PipelineModule (schedule, bubble, bytes between stages, losses
 against one rank, ZeRO-1/2), Ulysses attention on 2 and 4 ranks, AutoTP, and ZeRO++ hpZ on 2 simulated nodes."""
+import re
+
 import pytest
 
 from conftest import run_notebook
@@ -8,6 +10,10 @@ from course_utils.common.records.parallel import PipeZero, StageStream
 
 NAME = "13_beyond_data_parallel"
 pytestmark = pytest.mark.notebook
+
+LATER_ROWS = {"+ offload (optimizer to CPU)": "16 · Bigger than your device, section 3",
+              "expert parallel (MoE), ep ranks": "15 · Mixture of Experts, sections 2 and 4",
+              "long context (ALST: Ulysses for HF models + tiling), p ranks": "17 · Long context, sections 3 and 4"}
 
 
 def test_pipeline_sequence_tensor_and_zeropp():
@@ -55,6 +61,12 @@ def test_pipeline_sequence_tensor_and_zeropp():
     assert abs(m["hpz_intra_node_share"] - 0.6) <= 0.03
     assert m["hpz"][1]["from other node"] <= 0.5 * m["hpz"][0]["from other node"]
     assert "not been implemented on CPU" in m["qwz_cpu_error"] and "not been implemented on CPU" in m["qgz_cpu_error"]
+    # the decision table stands on this notebook's runs and earlier notebooks': the rows that 15, 16 and 17 teach name
+    # the notebook and sections that measure them, with no figure from those runs
+    table = {r["approach"]: r["measured in the course"] for r in m["decision_table"]}
+    for approach, where in LATER_ROWS.items():
+        later = table[approach].split("later: ", 1)[1]
+        assert later.startswith(where) and not re.search(r"\d[.,]\d|\d{3}", later), later
 
     # real scale: the bubble's and the hand-overs' formulas reproduce this run's counts for every m; then projections
     agreement = m["scale_agreement"]
@@ -133,3 +145,20 @@ def test_zero_traffic_is_read_from_notebook_03_or_left_out(tmp_path, monkeypatch
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "03_zero_stages.json").write_text(json.dumps({"comm": comm}))
     assert views.zero_traffic_from_03() == {"ranks": 2, 1: pytest.approx(1.5), 2: pytest.approx(1.5)}
+
+
+def test_the_decision_table_reads_no_later_notebooks_figures(tmp_path, monkeypatch):
+    """13's decision table comes before 15, 16 and 17: with their figures on this machine, their rows still only
+    name where they are measured."""
+    import json
+
+    from course_utils.kernel.views import parallel as views
+
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path))
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "15_mixture_of_experts.json").write_text(json.dumps({"ep_loss_gaps": {"x": 0.0}}))
+    (tmp_path / "metrics" / "17_long_context.json").write_text(json.dumps({"longest_sequence": {"1": 1024}}))
+    rows = {r["approach"]: r["measured in the course"] for r in views.decision_table({})}
+    assert {a: rows[a].removeprefix("later: ").split(",")[0] for a in LATER_ROWS} == \
+        {a: where.split(",")[0] for a, where in LATER_ROWS.items()}
+    assert all(not text for a, text in rows.items() if a not in LATER_ROWS)

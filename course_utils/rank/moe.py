@@ -193,7 +193,8 @@ def capacity_of(layer) -> dict:
 
 FAMILIES = {"OLMoE": "olmoe", "Mixtral": "mixtral"}
 VOCAB, TOKENS = 128, 32
-LIST_TOKENS = 4                    # the expert-list model's batch: 1 sequence of 4 tokens, 8 routes over 8 experts
+FIRST_ID = 3                       # ids 0-2 are the pad, bos and eos tokens: the sequences use the other 125
+LIST_TOKENS = 4                    # the expert-list model's batch: 1 sequence of 4 random ids, 8 routes over 8 experts
 
 
 def tiny_moe_lm(family: str):
@@ -220,9 +221,19 @@ def sparse_block(model) -> type:
 
 
 def lm_batch(step: int, rank: int, micro: int = 2, tokens: int = TOKENS):
-    """Rank ``rank``'s token ids for ``step``: ``micro`` sequences of ``tokens`` random ids."""
+    """Rank ``rank``'s token ids for ``step``: ``micro`` sequences that count up by one from a random start (after
+    the last id comes ``FIRST_ID`` again), so each token says what the next one is: a rule the tiny models learn in a
+    few steps. On random ids no model could do better than guessing among the 125 ids, a loss of ln 125."""
     g = torch.Generator().manual_seed(20_000 * step + rank)
-    return torch.randint(3, VOCAB, (micro, tokens), generator=g)
+    start = torch.randint(0, VOCAB - FIRST_ID, (micro, 1), generator=g)
+    return FIRST_ID + (start + torch.arange(tokens)) % (VOCAB - FIRST_ID)
+
+
+def random_ids(step: int, rank: int, micro: int = 1, tokens: int = LIST_TOKENS):
+    """Rank ``rank``'s ids for ``step`` for the expert-list model: random ids, new every step. There is no rule in
+    them to learn: what its runs compare is ZeRO-3's losses with plain PyTorch's, step by step."""
+    g = torch.Generator().manual_seed(20_000 * step + rank)
+    return torch.randint(FIRST_ID, VOCAB, (micro, tokens), generator=g)
 
 
 class FetchCounter:

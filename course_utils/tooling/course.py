@@ -89,7 +89,10 @@ def to_html(executed: Path, html_dir: Path) -> None:
 
 def _figure(value: object, width: int = 70) -> str:
     text = json.dumps(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    return (cut[: cut.rfind(" ")] if " " in cut[width // 2:] else cut) + "…"     # at a word's end where one is near
 
 
 def beside(o: Outcome, outcomes: list[Outcome]) -> list[str]:

@@ -84,9 +84,16 @@ def hidden_note(hidden: int, run_dir: Path) -> str:
 
 
 def finished_message(result: LaunchResult, note: str = "") -> str:
-    """The last line of a successful launch."""
-    line = (f"✔ {result.world_size} rank{'s' if result.world_size != 1 else ''} finished in {result.seconds:.1f} s — "
-            f"logs: {paths.relative(result.run_dir)}/")
+    """The last line of a launch that raised nothing: ✔ when it succeeded. A launch that failed and was returned
+    anyway (``check=False``) says so, with its exit code and how many ranks got to the end, never ✔."""
+    ranks = f"{result.world_size} rank{'s' if result.world_size != 1 else ''}"
+    logs = f"logs: {paths.relative(result.run_dir)}/"
+    if result.returncode == 0:
+        line = f"✔ {ranks} finished in {result.seconds:.1f} s — {logs}"
+    else:
+        done = len(run_folder.finished_ranks(result.run_dir))
+        line = (f"✘ the launch failed with exit code {result.returncode} after {result.seconds:.1f} s "
+                f"({done} of {ranks} finished) — {logs}")
     return f"{line} {note}" if note else line
 
 

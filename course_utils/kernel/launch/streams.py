@@ -33,6 +33,9 @@ CHATTER: list[re.Pattern[str]] = [
     # transformers' notice that the model config has loss_type=None and the default loss is used:
     # printed by every rank of every Trainer launch; the default loss is what the course wants.
     re.compile(r"`loss_type=None` was set in the config but it is unrecognized\."),
+    # torch's C++ INFO log lines ("[I1128 18:58:51.479929236 socket.cpp:955] [c10d] The client socket has
+    # connected ..."), printed when a launch sets TORCH_CPP_LOG_LEVEL=INFO: its W and E lines stay.
+    re.compile(r"^\[I\d{4} [\d:.]+ \S+:\d+\] "),
     # DeepSpeed's warm-up schedulers warn when the engine reads the learning rate before the first step
     # (every engine does, to log it): once per launch and rank, about nothing the learner did.
     re.compile(r"Attempting to get learning rate from scheduler before it has started"),

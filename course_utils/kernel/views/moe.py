@@ -107,14 +107,42 @@ def checkpoint_rows(records: list[dict]) -> list[dict]:
                    for f in read_as(records, CheckpointFile, rank=None)), key=lambda r: (r["written by rank"], r["file"]))
 
 
+def zero3_runs(records: list[dict]) -> list[Zero3Run]:
+    """Each run of ``scripts/15_moe_zero3.py`` once, as rank 0 recorded it; a run rank 0 did not live to record, as
+    another rank did (the last run's mismatched collective makes gloo abort one rank, not always the same one)."""
+    runs: dict[str, Zero3Run] = {}
+    for z in read_as(records, Zero3Run, rank=None):      # rank 0's records first
+        runs.setdefault(z.label, z)
+    return list(runs.values())
+
+
 def zero3_rows(records: list[dict]) -> list[dict]:
     rows = []
-    for z in read_as(records, Zero3Run):
+    for z in zero3_runs(records):
         rows.append({"run": z.label, "sparse block": z.block.rsplit(".", 1)[-1], "leaf modules": z.leaf_modules,
                      "outcome": z.outcome if z.outcome == "trained" else z.outcome.split(":")[0],
                      "fetches per step": z.fetches, "step ms": round(z.step_ms, 1),
                      "losses": [round(x, 4) for x in z.losses]})
     return rows
+
+
+def random_id_loss() -> float:
+    """ln 125: the loss of the best guess on random ids of the 125 ids that section 5's sequences use (ids 0-2 are
+    special tokens), which only a model that learned the sequences' rule gets below."""
+    from course_utils.rank import moe
+
+    return math.log(moe.VOCAB - moe.FIRST_ID)
+
+
+_LAUNCHER_EXIT = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+
+
+def launcher_exit(log: str) -> tuple[int, int] | None:
+    """(local rank, return code) of the rank whose error made DeepSpeed's launcher end the launch, from the line its
+    ``sigkill_handler`` logs (``deepspeed/launcher/launch.py``: "<command> exits with return code = <code>"); None
+    when no rank failed."""
+    hit = _LAUNCHER_EXIT.search(log)
+    return (int(hit[1]), int(hit[2])) if hit else None
 
 
 def gloo_complaint(rank_logs: dict[int, str]) -> dict[int, str]:

@@ -278,43 +278,31 @@ DECISION = [
      "ZeRO-3 across nodes on slow links"),
     ("expert parallel (MoE), ep ranks", "experts: 16Ψ_experts/ep (ZeRO-1/2 split them further over N/ep); the rest as "
      "its ZeRO stage", "2 all-to-alls of E·C·h per MoE layer and pass, (ep−1)/ep of them leave the rank",
-     "a Mixture-of-Experts model whose experts do not fit one device (notebook 15)"),
+     "a Mixture-of-Experts model whose experts do not fit one device"),
     ("long context (ALST: Ulysses for HF models + tiling), p ranks", "activations / p, but every rank keeps whole "
      "what does not split by token (ZeRO-3's gathered layer, key/value heads repeated when fewer than p)",
      "4 all-to-alls of (L/p)·heads·d_head per layer and pass, (p−1)/p of them leave the rank",
      "one sequence's activations do not fit one device; p divides the query heads, and the key/value heads divide p "
-     "or p them (notebook 17)"),
+     "or p them"),
 ]
 
-
-def moe_from_15() -> str:
-    """The expert-parallel row's measured figures, from ``build/metrics/15_mixture_of_experts.json`` when notebook 15
-    has run on this machine, else where to find them."""
-    path = paths.metrics_dir() / "15_mixture_of_experts.json"
-    if not path.exists():
-        return "notebook 15 measures each rank's experts, the all-to-all bytes and the losses (run it to see them here)"
-    m = json.loads(path.read_text())
-    sent = {r["ep_size"]: r["leave the rank per forward"] for r in m.get("alltoall_bytes", [])
-            if r["world"] == 4 and r["layout"].startswith("4 experts")}
-    gap = max(m.get("ep_loss_gaps", {}).values(), default=float("nan"))
-    return (f"4 experts on 4 ranks: E/ep per rank; all-to-all bytes sent per forward {sent.get(2, '?')} (ep 2), "
-            f"{sent.get(4, '?')} (ep 4); losses = ep 1 within {gap:.0e}")
-
-
-def long_context_from_17() -> str:
-    """The long-context row's measured figures, from ``build/metrics/17_long_context.json`` when notebook 17 has run on
-    this machine, else where to find them."""
-    path = paths.metrics_dir() / "17_long_context.json"
-    if not path.exists():
-        return "notebook 17 measures the loss against one process, the all-to-all bytes and the longest sequence per SP size (run it to see them here)"
-    m = json.loads(path.read_text())
-    longest = ", ".join(f"SP {sp}: {n}" for sp, n in m.get("longest_sequence", {}).items())
-    return (f"tiny Llama over 2 ranks: losses = one process within {m.get('sp_loss_gap', float('nan')):.0e}; "
-            f"longest sequence under the same limit per rank, {longest or 'not measured here'}")
+# What later notebooks teach: where each measures its row, named here without a figure from a run the learner has not
+# done yet (13 stands on its own runs and on the notebooks before it)
+LATER = {
+    "+ offload (optimizer to CPU)": "later: 16 · Bigger than your device, section 3, trains a model whose states exceed "
+                                    "a memory limit you set, with ZeRO-3 and CPU or NVMe offload",
+    "expert parallel (MoE), ep ranks": "later: 15 · Mixture of Experts, sections 2 and 4, measure which experts each rank "
+                                       "holds, the all-to-all bytes, and the losses against ep_size 1",
+    "long context (ALST: Ulysses for HF models + tiling), p ranks": "later: 17 · Long context, sections 3 and 4, measure "
+                                                                    "the loss against one process and the longest "
+                                                                    "sequence under a memory limit per SP size",
+}
 
 
 def decision_table(measured: dict[str, str]) -> list[dict]:
     """The decision table: memory and communication per rank and step (Ψ parameters in mixed-precision Adam, N
-    ranks), the question that picks it, and what this course measured (``measured``: approach → text)."""
+    ranks), the question that picks it, and what this notebook and the ones before it measured (``measured``:
+    approach → text), followed by where a later notebook measures it (:data:`LATER`)."""
     return [{"approach": a, "memory per rank (bytes)": mem, "communication per step": comm, "choose when": ask,
-             "measured in the course": measured.get(a, "")} for a, mem, comm, ask in DECISION]
+             "measured in the course": "; ".join(t for t in (measured.get(a, ""), LATER.get(a, "")) if t)}
+            for a, mem, comm, ask in DECISION]

@@ -6,11 +6,15 @@ from __future__ import annotations
 import csv
 import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from course_utils.common.record import read_as
 from course_utils.common.records.perf import Activation, FlopsProfile, Recompute, StepTime, Trajectory
+
+if TYPE_CHECKING:
+    from course_utils.kernel.launch.result import LaunchResult
 
 
 # ---------------------------------------------------------------- 1 · accumulation
@@ -124,6 +128,33 @@ def deepspeed_step_factor(profile_text: str) -> float:
     return float(found.group(1))
 
 
+_SUMMARY_STEP = re.compile(r"Profile Summary at step (\d+):")
+_LATENCY = re.compile(r"^(fwd|bwd|step|iter) latency:\s+([\d.]+) ([mu]?)s\s*$", re.M)
+
+
+def profile_summary_step(profile_text: str) -> int:
+    """The step number DeepSpeed's flops profiler printed ("Profile Summary at step <n>:"): ``engine.global_steps``
+    when ``engine.step()`` prints the profile, after the profiled step's update counted it."""
+    found = _SUMMARY_STEP.search(profile_text)
+    if found is None:
+        raise ValueError("the profile has no 'Profile Summary at step <n>:' line")
+    return int(found.group(1))
+
+
+def profile_latencies_ms(profile_text: str) -> dict[str, float]:
+    """The profile's "fwd / bwd / step / iter latency" lines in ms (with ``wall_clock_breakdown`` DeepSpeed prints the
+    engine's own timers of the profiled step there)."""
+    scale = {"": 1e3, "m": 1.0, "u": 1e-3}
+    return {name: float(value) * scale[unit] for name, value, unit in _LATENCY.findall(profile_text)}
+
+
+def same_as_printed(ms: float, printed_ms: float) -> bool:
+    """Whether a time of ``ms`` is what the profile printed as ``printed_ms``: DeepSpeed rounds a duration to 2 decimals
+    of the unit it picks (s from 1 s up, ms from 1 ms, µs below), so they differ by half of that last digit at most."""
+    unit = 1e3 if printed_ms >= 1e3 else 1.0 if printed_ms >= 1.0 else 1e-3
+    return abs(ms - printed_ms) <= 0.005 * unit * (1 + 1e-9)
+
+
 # ---------------------------------------------------------------- 4 · where a step's time goes
 
 BREAKDOWN = ("fwd", "bwd_inner", "bwd_allreduce", "step")
@@ -160,20 +191,79 @@ def fit_alpha_beta(records: list[dict]) -> tuple[float, float]:
     return fit(read_as(records, AllReduceTime))
 
 
-def per_call_ms(records: list[dict], op: str, nbytes: int) -> dict[int, float]:
-    """Training step → ms of rank 0's call of ``op`` with ``nbytes`` message bytes in that step, taken from the comms
+def per_call_ms(records: list[dict], op: str, nbytes: int, rank: int = 0) -> dict[int, float]:
+    """Training step → ms of ``rank``'s call of ``op`` with ``nbytes`` message bytes in that step, taken from the comms
     logger's running totals (the column of :func:`comm_rows`): every call of ``op``, whatever its size, adds to one timer, so sorted
     they are the calls in order, and each call's own time is its total minus the total before it. The first call has
     no total before it (its total also holds the calls made before the first logged step) and is left out."""
-    calls = sorted((ms, s.step, size) for s in read_as(records, StepTime) for size, logged in s.comm.get(op, [])
+    calls = sorted((ms, s.step, size) for s in read_as(records, StepTime, rank=rank) for size, logged in s.comm.get(op, [])
                    for ms in logged)
     return {step: ms - before for (before, _, _), (ms, step, size) in zip(calls, calls[1:]) if size == nbytes}
 
 
-def median_call_ms(records: list[dict], op: str, nbytes: int) -> float:
-    """The median of :func:`per_call_ms` over the steps :func:`step_breakdown` takes (after the profiled one)."""
+@dataclass
+class GradAllReduce:
+    """The profiled engine's gradient all-reduce in the steps after the profiled one, on every rank (ms): the engine's
+    ``bwd_allreduce`` timer, the call inside it (:func:`per_call_ms`) and the rank's forward + backward before it
+    (``fwd`` + ``bwd_inner``), per rank and step."""
+    bytes: int
+    steps: list[int]
+    timer: dict[int, dict[int, float]]
+    call: dict[int, dict[int, float]]
+    compute: dict[int, dict[int, float]]
+
+    def last_call(self, step: int) -> float:
+        """The call on the rank that reached it last, which waited for no one: the all-reduce itself."""
+        return min(calls[step] for calls in self.call.values())
+
+    def parts(self, rank: int = 0) -> dict[str, float]:
+        """``rank``'s timer split into the all-reduce itself, the wait for the other ranks (its call minus the last
+        rank's) and the time outside the call (the timer minus the call), averaged over the steps (so they add up)."""
+        itself = statistics.fmean(self.last_call(s) for s in self.steps)
+        call = statistics.fmean(self.call[rank][s] for s in self.steps)
+        timer = statistics.fmean(self.timer[rank][s] for s in self.steps)
+        return {"all-reduce itself": itself, "waiting": call - itself, "call": call, "outside the call": timer - call,
+                "timer": timer}
+
+    def calls_outside_timer(self) -> list[tuple[int, int]]:
+        """(rank, step) whose call took longer than the timer around it (none, unless the differencing is wrong)."""
+        return [(r, s) for r, calls in self.call.items() for s in self.steps if calls[s] > self.timer[r][s]]
+
+    def longest_wait(self, rank: int = 0) -> tuple[int, float, float]:
+        """The step where ``rank`` waited longest in the call: (step, its wait, how much longer the slowest other rank's
+        forward + backward took than ``rank``'s that step, by the engine's timers)."""
+        waits = {s: self.call[rank][s] - self.last_call(s) for s in self.steps}
+        step = max(waits, key=waits.get)
+        later = max(c[step] for r, c in self.compute.items() if r != rank) - self.compute[rank][step]
+        return step, waits[step], later
+
+
+def grad_allreduce(records: list[dict]) -> GradAllReduce:
+    """The gradient all-reduce (the largest all_reduce message) of the steps after the profiled one, on every rank."""
     profiled = read_as(records, FlopsProfile)[0].profile_step
-    return statistics.median(ms for step, ms in per_call_ms(records, op, nbytes).items() if step > profiled)
+    ranks = sorted({r["rank"] for r in records if r["name"] == StepTime.NAME})
+    steps = {r: {s.step: s for s in read_as(records, StepTime, rank=r)} for r in ranks}
+    nbytes = max(size for s in steps[0].values() for size, _ in s.comm.get("all_reduce", []))
+    call = {r: per_call_ms(records, "all_reduce", nbytes, rank=r) for r in ranks}
+    later = sorted(s for s in call[0] if s > profiled and all(s in call[r] for r in ranks))
+    return GradAllReduce(nbytes, later,
+                         timer={r: {s: steps[r][s].timers["bwd_allreduce"] for s in later} for r in ranks},
+                         call={r: {s: call[r][s] for s in later} for r in ranks},
+                         compute={r: {s: steps[r][s].timers["fwd"] + steps[r][s].timers["bwd_inner"] for s in later}
+                                  for r in ranks})
+
+
+def grad_allreduce_rows(parts: dict[str, float], predicted_ms: float) -> list[dict[str, Any]]:
+    """:meth:`GradAllReduce.parts` as a table, with α–β's prediction above it and how each figure is measured."""
+    timer = parts["timer"]
+    rows = [("α–β's prediction", predicted_ms, "fitted to the bare all-reduces above"),
+            ("the all-reduce itself", parts["all-reduce itself"], "the call on the rank that reached it last"),
+            ("+ waiting for the last rank", parts["waiting"], "rank 0's call minus that"),
+            ("= the call on rank 0", parts["call"], "the comms logger's running totals, differenced"),
+            ("+ outside the call", parts["outside the call"], "the timer minus the call"),
+            ("= the bwd_allreduce timer", timer, "the engine's wall-clock timer")]
+    return [{"span": name, "ms": round(ms, 1), "share of the timer": f"{ms / timer:.0%}" if i else "", "measured as": how}
+            for i, (name, ms, how) in enumerate(rows)]
 
 
 def all_reduce_rows(records: list[dict]) -> list[dict[str, float]]:
@@ -221,6 +311,21 @@ def mismatch_reports(rank_logs: dict[int, str]) -> dict[int, str]:
             if "Detected mismatch between collectives" in line and (m := _OWN_OP.search(line)):
                 out[int(m.group(1))] = m.group(2)
     return out
+
+
+_CPP_INFO = re.compile(r"^\[I\d{4} [\d:.]+ \S+:\d+\] ")     # an INFO line of torch's C++ core (glog's format)
+
+
+def streamed_lines(result: LaunchResult, cpp_info: bool = False) -> list[str]:
+    """The lines a launch streams into the notebook (the runner's learner filter over ``result.log``), for a launch
+    run with ``quiet=True``: without the INFO lines of torch's C++ core (``TORCH_CPP_LOG_LEVEL=INFO``: c10d's "client
+    socket has connected" on every rank), unless ``cpp_info``."""
+    from course_utils.kernel.launch.streams import LearnerFilter
+
+    shown = LearnerFilter()
+    return [line for line in result.log.splitlines()
+            if shown.shows(line) and (cpp_info or not _CPP_INFO.match(line.partition("] ")[2]))]
+
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
