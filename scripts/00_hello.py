@@ -10,6 +10,7 @@ import socket
 import time
 
 import deepspeed
+import psutil
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
@@ -62,8 +63,10 @@ def run_prepare_then_read(path: str, rank: int) -> None:
 
 
 def main(argv=None) -> None:
+    imported = time.time()                # torch and DeepSpeed are imported: the module's first lines have run
     args = parse_args(build_parser(), argv)
     deepspeed.init_distributed()          # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT set by the launcher
+    joined = time.time()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
     device = get_accelerator().device_name(local_rank)   # "cpu", or "cuda:<local_rank>" on a GPU machine
@@ -84,6 +87,9 @@ def main(argv=None) -> None:
     print(f"rank {rank}: contributed {contribution.item():.0f}, all_reduce(SUM) gives {total.item():.0f}")
     record("all_reduce_sum", total.item())
     record("accelerator", get_accelerator().device_name())
+    # where this rank's seconds went (wall clock, comparable across the processes of one machine)
+    record("timeline", {"started": psutil.Process().create_time(), "imported": imported, "joined": joined,
+                        "done": time.time()})
     finish()
 
 

@@ -4,9 +4,9 @@ Every ``TrainingArguments`` field is a command-line flag (``HfArgumentParser``),
 ``"auto"`` values are filled from them. From a terminal, on 2 GPUs:
 
     deepspeed --num_gpus 2 scripts/trainer_template.py --deepspeed configs/trainer_zero2_offload.json \\
-        --output_dir build/template --max_steps 8 --per_device_train_batch_size 4
+        --output_dir build/template --max_steps 30 --per_device_train_batch_size 4 --learning_rate 5e-3 --warmup_steps 5
 
-Replace ``tiny_model`` with ``AutoModelForCausalLM.from_pretrained(...)`` and ``RandomTokens`` with your tokenized
+Replace ``tiny_model`` with ``AutoModelForCausalLM.from_pretrained(...)`` and ``CountingTokens`` with your tokenized
 data set. On CPU-only ranks the script joins them itself (``join_cpu_ranks``); on GPUs that needs nothing.
 
 It ends with ``dist.destroy_process_group()`` (``leave_cleanly``): a rank that leaves its process group to the
@@ -28,11 +28,14 @@ import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
 
 
-class RandomTokens(torch.utils.data.Dataset):
-    """Stand-in data: ``n`` sequences of ``length`` random token ids, each its own label (causal LM)."""
+class CountingTokens(torch.utils.data.Dataset):
+    """Stand-in data with something to learn: ``n`` sequences of ``length`` token ids, each counting upward by one
+    from a random start (modulo ``vocab_size``), each its own label (causal LM). Every next token follows from the one
+    before, so the loss falls within a few dozen steps: a quick sign that the whole set-up trains."""
 
     def __init__(self, n: int, length: int, vocab_size: int, seed: int = 0):
-        self.ids = torch.randint(0, vocab_size, (n, length), generator=torch.Generator().manual_seed(seed))
+        starts = torch.randint(0, vocab_size, (n, 1), generator=torch.Generator().manual_seed(seed))
+        self.ids = (starts + torch.arange(length)) % vocab_size
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -53,7 +56,7 @@ def join_cpu_ranks(parser: HfArgumentParser) -> None:
 
     With no accelerator it knows, accelerate picks no backend and counts one process: every rank computes
     ``train_batch_size`` for itself alone and DeepSpeed, which sees all ranks, rejects it ("train_batch_size is not
-    equal to ..."; notebook 08, section 1). So build accelerate's DeepSpeed state over gloo before
+    equal to ..."; notebook 08, section 8). So build accelerate's DeepSpeed state over gloo before
     ``TrainingArguments``, and have the Trainer use it (``use_configured_state``; an ``--accelerator_config`` of your
     own replaces this default, so keep ``"use_configured_state": true`` in it).
     """
@@ -74,7 +77,7 @@ def main() -> None:
         join_cpu_ranks(parser)
     (args,) = parser.parse_args_into_dataclasses()
     model = tiny_model()
-    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(512, 32, model.config.vocab_size))
+    trainer = Trainer(model=model, args=args, train_dataset=CountingTokens(512, 32, model.config.vocab_size))
     result = trainer.train()
     engine = trainer.model_wrapped                    # the DeepSpeed engine the Trainer built
     if args.process_index == 0:

@@ -17,6 +17,9 @@ def test_notebook_runs_and_records_its_figures():
     assert len({r["pid"] for r in m["ranks"]}) == procs, "each rank must be its own process"
     assert m["accelerator"] == hardware.detect().accelerator
     assert m["all_reduce_sum"] == procs * (procs + 1) / 2
+    # most of the first launch passes before a rank says hello: the launchers' and the ranks' imports, not the work
+    assert m["first_hello_seconds"] > m["launch_seconds"] / 2
+    assert all(0 <= t["work"] < t["imports"] for t in m["launch_timeline"].values()), m["launch_timeline"]
     assert "cpu_adam" in m["ops_compatible"]
     # pip installed DeepSpeed without pre-built ops: every op is compiled just in time; each has its install-time flag
     assert m["ops_prebuilt"] == [] and m["ops_build_flags"]["cpu_adam"] == "DS_BUILD_CPU_ADAM"

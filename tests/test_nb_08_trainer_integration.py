@@ -44,10 +44,16 @@ def test_notebook_runs_and_records_its_figures():
     assert "ds optimizer.params.betas=[0.9, 0.95] vs hf adam_beta1+adam_beta2=[0.9, 0.999]" in mismatch
     assert "ds scheduler.params.warmup_num_steps=3 vs hf warmup_steps=1" in mismatch
     assert m["losses_dict"] == pytest.approx(m["losses_path"], rel=1e-6)
-    # (the smoke run leaves out section 1's launch without the rank hook's help: make course runs it)
-    # the same course-free script with the hook: it trains on every rank, DeepSpeed's batch counting them all
+    # (the smoke run leaves out section 8's launch without the template's CPU step: make course runs it)
+    # section 1's course-free script: it trains on every rank, DeepSpeed's batch counting them all, and learns; the
+    # logged rates are WarmupLR's from warmup_min_lr 0, log warm-up over 5 steps (the k-th logged: log k / log 5)
     assert m["template_world_size"] == max(procs, 2)
     assert f"train_batch_size {4 * max(procs, 2)} = 4 per rank x 1 accumulation x {max(procs, 2)} ranks" in m["template_trained"]
+    rates, losses = m["template_learning_rates"], m["template_losses"]
+    assert len(rates) == len(losses) == 30
+    warmup = [5e-3 * math.log(k) / math.log(5) for k in range(1, 6)]
+    assert rates == pytest.approx(warmup + [5e-3] * 25, rel=1e-3, abs=1e-9)
+    assert sum(losses[-5:]) / 5 < losses[0] - 1, "the template's run learns"
     z3 = {z.label: z for z in as_records(m["zero3_load"], Zero3Load)}
     assert z3["without HfDeepSpeedConfig"].local_numel == 64 * 32
     assert z3["with HfDeepSpeedConfig"].local_numel == 0

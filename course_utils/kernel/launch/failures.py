@@ -115,7 +115,7 @@ def diagnosis(trace: str) -> str:
                     f"{world}. On CPU-only ranks TrainingArguments does not set up the distributed state DeepSpeed "
                     "uses (accelerate looks for an accelerator), so every rank counts itself alone. Create "
                     "accelerate's PartialState for DeepSpeed over gloo before TrainingArguments and pass "
-                    "accelerator_config={'use_configured_state': True} (notebook 08, section 1); the course's rank "
+                    "accelerator_config={'use_configured_state': True} (notebook 08, section 8); the course's rank "
                     "hook does this for you unless the launch sets COURSE_HOOK_TRAINER=0.")
     return ""
 

@@ -34,3 +34,17 @@ def other_changes(written: dict, received: dict) -> dict[str, tuple[Any, Any]]:
             if before.get(k) != "auto" and before.get(k) != after.get(k)}
 
 
+
+
+def logged_steps(log: str) -> list[dict[str, float]]:
+    """The Trainer's per-step log lines in a launch's log, as numbers, in order: rank 0 prints one dict per logging
+    step (``{'loss': '6.72', 'grad_norm': '1.161', 'learning_rate': '0', 'epoch': '0.01562'}``; transformers 5 writes
+    each value as a string). The summary line at the end of training (``train_runtime``, ``train_loss``) is left out."""
+    import ast
+
+    rows = []
+    for line in log.splitlines():
+        text = line.split("] ", 1)[-1].strip()
+        if text.startswith("{'loss'"):
+            rows.append({key: float(value) for key, value in ast.literal_eval(text).items()})
+    return rows

@@ -246,7 +246,7 @@ def _trainer_joins_the_cpu_ranks():
                 if os.environ.get("RANK") == "0" and not _state.get("told_trainer"):
                     _state["told_trainer"] = True
                     print("[course rank hook] TrainingArguments(deepspeed=...) on CPU-only ranks: accelerate's DeepSpeed "
-                          "state prepared over gloo first (GPUs need nothing; elsewhere see notebook 08, section 1)",
+                          "state prepared over gloo first (GPUs need nothing; elsewhere see notebook 08, section 8)",
                           file=sys.stderr, flush=True)
             post_init(self)
         cls.__post_init__ = __post_init__
