@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.common import run_folder
 from course_utils.rank import data
-from course_utils.rank.models import count_parameters, tiny_bert_classifier
+from course_utils.rank.models import count_parameters
 from course_utils.common.record import record
 from course_utils.common.records.training import TrainLoss
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print, seed_everything
@@ -182,7 +182,7 @@ def main(argv=None) -> None:
     tokenizer, train_set, eval_set = prepare_data(args, rank)
 
     seed_everything(args.seed)
-    model = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS, seed=args.seed)
+    model = data.emotion_classifier(len(tokenizer), seed=args.seed)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     batch_size = engine.train_micro_batch_size_per_gpu()
     record("batch_sizes", {"micro": batch_size, "accumulation": engine.gradient_accumulation_steps(),
@@ -208,6 +208,7 @@ def main(argv=None) -> None:
     accuracy = (preds == labels).float().mean().item()
     rank0_print(f"trained {step} steps in {train_seconds:.1f} s; evaluation: {idx.numel()} predictions gathered "
                 f"for {len(eval_set)} examples, accuracy {accuracy:.4f}")
+    classes = len(data.EMOTION_LABELS)
     if rank == 0:
         report = data.classification_report(labels.cpu(), preds.cpu(), data.EMOTION_LABELS)
         print(report)
@@ -216,6 +217,8 @@ def main(argv=None) -> None:
         record("eval_examples", idx.numel())
         record("eval_examples_expected", len(eval_set))
         record("eval_accuracy", accuracy)
+        confusion = torch.bincount((labels * classes + preds).long().cpu(), minlength=classes * classes)
+        record("eval_confusion", confusion.view(classes, classes).tolist())   # row: the true label, column: predicted
         record("train_steps", step)
         record("train_seconds", train_seconds)
         record("device", device)
@@ -223,15 +226,14 @@ def main(argv=None) -> None:
     if not args.tutorial_loop:
         args.output_dir = args.output_dir or str(run_folder.here() / "checkpoint")
         engine.save_checkpoint(args.output_dir, tag="final")
-        fresh = tiny_bert_classifier(len(tokenizer), len(data.EMOTION_LABELS), labels=data.EMOTION_LABELS,
-                                     seed=args.seed + 1)           # different random weights on purpose
+        fresh = data.emotion_classifier(len(tokenizer), seed=args.seed + 1)   # different random weights on purpose
         reloaded, _, _, _ = deepspeed.initialize(args=args, model=fresh, model_parameters=fresh.parameters())
         before = evaluate(reloaded, eval_loader, gather, device)
         reloaded.load_checkpoint(args.output_dir, tag="final", load_module_only=True)
         _, again, _ = evaluate(reloaded, eval_loader, gather, device)
         if rank == 0:
             record("fresh_accuracy", (before[1] == before[2]).float().mean().item())
-            classes = len(data.EMOTION_LABELS)          # what the fresh engine predicted, against the labels' shares
+            # what the fresh engine predicted, against the labels' shares
             record("fresh_predicted_counts", torch.bincount(before[1].long().cpu(), minlength=classes).tolist())
             record("eval_label_counts", torch.bincount(before[2].long().cpu(), minlength=classes).tolist())
             record("reload_accuracy", (again == labels).float().mean().item())

@@ -131,3 +131,29 @@ def test_no_notebook_imports_a_module_that_holds_an_answer():
         leaf = module.rsplit(".", 1)[1]
         assert (paths.ROOT / (module.replace(".", "/") + ".py")).exists(), module
         assert not [name for name, text in sources.items() if leaf in text], f"{module} is imported where a learner reads"
+
+
+@pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.stem[:2])
+def test_recording_the_figures_is_out_of_sight(path):
+    """A ``nb.record(...)`` of three lines or more sits in a cell of its own, tagged "record" with its source hidden
+    (JupyterLab shows it collapsed; the HTML leaves it out): the learner reads the figures, not the bookkeeping."""
+    import ast
+    from course_utils.tooling.study_time import RECORD_TAG
+
+    nb = nbformat.read(str(path), as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "nb.record(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            call = node if isinstance(node, ast.Call) else None
+            if call is None or not (isinstance(call.func, ast.Attribute) and call.func.attr == "record"
+                                    and isinstance(call.func.value, ast.Name) and call.func.value.id == "nb"):
+                continue
+            if call.end_lineno - call.lineno + 1 < 3 or cell.source.lstrip().startswith("if "):
+                continue
+            hidden = RECORD_TAG in cell.metadata.get("tags", []) and cell.metadata.get("jupyter", {}).get("source_hidden")
+            assert hidden, f"cell {i}: a {call.end_lineno - call.lineno + 1}-line nb.record in sight (tag it 'record', source hidden)"
+            others = [n for n in ast.parse(cell.source).body
+                      if not (isinstance(n, ast.Expr) and n.value is call)]
+            assert not any("print(" in ast.unparse(n) or "check(" in ast.unparse(n) for n in others), \
+                f"cell {i}: a hidden recording cell that also prints or checks: split the record into a cell of its own"

@@ -9,10 +9,12 @@ the first (conceptual) hint, each further failure the next, more specific one; n
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 STUB = "raise NotImplementedError()"
 _failures: dict[str, int] = {}
+_groups: list[int] = []          # open together() blocks, innermost last: how many checks each has seen pass
 
 
 def hint_text(hint: "str | Sequence[str]", key: str | None = None, count: bool = True) -> str:
@@ -55,12 +57,41 @@ def _call(fn: Callable, args: tuple, hint: "str | Sequence[str]") -> Any:
         raise _not_done(fn, hint) from None
 
 
+def _passed(line: str = "✔ check passed", checks: int = 1) -> None:
+    """A check passed: its line, or, inside :func:`together`, one more for that block's summary."""
+    if _groups:
+        _groups[-1] += checks
+    else:
+        print(line)
+
+
+@contextmanager
+def together(what: str) -> Iterator[None]:
+    """Several checks, one line: inside the block a passing check prints nothing, and at its end one line says how
+    many passed and what they checked (``✔ 10 checks passed: <what>``; for one, ``✔ check passed: <what>``), where
+    ten ``✔ check passed`` lines said nothing. A failing check still raises at once with its own message, and then no
+    summary is printed. A block in a block counts its checks into the outer one. Outside a block every check prints
+    its own line, as before::
+
+        with checks.together("every rank's shard is as long as the others"):
+            for shard in shards:
+                checks.check(len(shard) == len(shards[0]), hint)
+    """
+    _groups.append(0)
+    try:
+        yield
+    finally:
+        passed = _groups.pop()
+    if passed:
+        _passed(f"✔ {f'{passed} checks' if passed > 1 else 'check'} passed: {what}", passed)
+
+
 def check(condition: bool, hint: "str | Sequence[str]", key: str | None = None, said: str = "") -> None:
     """Fail with ``hint`` (its next tier on each failure of exercise ``key``) unless ``condition`` holds;
     ``said`` (what was wrong, never the answer) comes before the hint."""
     if not condition:
         raise ExerciseCheckError(f"{said} Hint: {hint_text(hint, key)}" if said else hint_text(hint, key))
-    print("✔ check passed")
+    _passed()
 
 
 def check_close(actual: Any, expected: Any, hint: "str | Sequence[str]", rel: float = 1e-6, abs_: float = 1e-9) -> None:
@@ -75,7 +106,7 @@ def check_close(actual: Any, expected: Any, hint: "str | Sequence[str]", rel: fl
     where = "" if len(a) == 1 else f" at position{'s' if len(wrong) > 1 else ''} {wrong[:5]}{' …' if len(wrong) > 5 else ''}"
     if wrong:
         raise ExerciseCheckError(f"{hint_text(hint)} (your value{where} is off)")
-    print("✔ check passed")
+    _passed()
 
 
 def check_function(fn: Callable, cases: list[tuple[tuple, Any]], hint: "str | Sequence[str]",
@@ -88,7 +119,7 @@ def check_function(fn: Callable, cases: list[tuple[tuple, Any]], hint: "str | Se
         if not same(got, want):
             raise ExerciseCheckError(f"{_name(fn)}{args} returned {got!r}, which is not "
                                      f"right. Hint: {hint_text(hint, _name(fn))}")
-    print(f"✔ check passed ({len(cases)} cases)")
+    _passed(f"✔ check passed ({len(cases)} cases)")
 
 
 def solution(fn: Callable, *args: Any, hint: "str | Sequence[str]") -> Any:

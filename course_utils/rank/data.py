@@ -1,6 +1,6 @@
 """Offline data for the ranks: generated data sets (via ``datasets``), WordPiece tokenizers trained
-locally with ``tokenizers`` (cached under ``build/data``), and the deterministic streams of the
-checkpoint, Trainer and precision experiments.
+locally with ``tokenizers`` (cached under ``build/data``), the deterministic streams of the
+checkpoint, Trainer and precision experiments, and the classifier notebook 02 trains on its emotion data.
 
 The emotion data set (notebook 02) stands in for a common tutorial's 6-class Chinese emotion corpus: short English sentences
 whose label follows from an emotion cue phrase, with negated cues of *other* emotions mixed in
@@ -93,20 +93,34 @@ def emotion_dataset(train_size: int, eval_size: int, seed: int = 0):
     return datasets.load_from_disk(str(folder))
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = True):
+def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = True, fixed_order: bool = True):
     """Train a BERT-style WordPiece tokenizer on ``texts`` and wrap it for transformers.
 
     The result adds ``[CLS] … [SEP]`` around every text and pads with ``[PAD]`` (id 0), like
     ``bert-base-uncased``, so BERT models built from a config take its output unchanged.
+
+    ``tokenizers``' trainer alone (``fixed_order=False``) does not repeat: it numbers the ``##`` pieces in the order of
+    a hash map, which changes with every training, and breaks ties between equally frequent merges by those numbers
+    (huggingface/tokenizers#1794), so the same texts give other pieces under other ids, and a model seeded alike
+    starts from other embeddings for the same words. With ``fixed_order`` the vocabulary kept is what the texts need,
+    numbered in a fixed order: the special tokens, then the alphabet (with its ``##`` forms) and the pieces the trained
+    tokenizer cuts ``texts`` into, sorted. That is the same in every training whenever the trainer stops before
+    ``vocab_size`` (every word of ``texts`` then has a piece of its own), as it does for the emotion data set.
     """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    texts = list(texts)
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
+    if fixed_order:
+        alphabet = {piece for piece in tok.get_vocab() if len(piece.removeprefix("##")) == 1}
+        used = {piece for encoding in tok.encode_batch(texts) for piece in encoding.tokens}
+        kept = SPECIAL_TOKENS + sorted((alphabet | used) - set(SPECIAL_TOKENS))
+        tok.model = models.WordPiece({piece: i for i, piece in enumerate(kept)}, unk_token="[UNK]")
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
                                                        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
@@ -115,10 +129,10 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = Tru
 
 
 def cached_wordpiece(name: str, texts: Iterable[str], vocab_size: int):
-    """:func:`train_wordpiece`, saved under ``build/data/tokenizers/<name>`` and loaded from there next time."""
+    """:func:`train_wordpiece`, saved under ``build/data/wordpiece/<name>`` and loaded from there next time."""
     from transformers import PreTrainedTokenizerFast
 
-    folder = paths.data_dir() / "tokenizers" / name
+    folder = paths.data_dir() / "wordpiece" / name
     if (folder / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(folder))
     tokenizer = train_wordpiece(texts, vocab_size)
@@ -228,3 +242,34 @@ def classification_report(labels, predictions, names: list[str], digits: int = 3
     out += [line("accuracy", (None, None, accuracy), total)]
     out += [line(name, values, total) for name, values in averages]
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- notebook 02: the emotion classifier
+
+def width_scaled_std(hidden_size: int, bert_base_std: float = 0.02, bert_base_width: int = 768) -> float:
+    """The std of BERT's initial weights (``initializer_range``, 0.02, chosen for bert-base's 768-wide layers) scaled to
+    layers ``hidden_size`` wide, so that each layer passes on as much of its input as bert-base's do: a linear layer
+    multiplies the size of a normalised input by about std × √width (0.02 × √768 ≈ 0.55; at width 64, 0.02 gives 0.16)."""
+    return bert_base_std * (bert_base_width / hidden_size) ** 0.5
+
+
+def emotion_classifier(vocab_size: int, seed: int):
+    """Notebook 02's classifier: ``models.tiny_bert_classifier`` for the six emotion labels, its weights (linear layers
+    and embeddings, drawn with std ``initializer_range``) scaled to :func:`width_scaled_std` of its width.
+
+    With BERT's 0.02 at width 64 the untrained model's output hardly depends on the sentence, so the gradients that
+    would teach it which words matter start as small; two epochs can then end before it tells apart classes whose
+    sentences share a frame ("i am furious about …", "i am disgusted by …"): a class it never predicts, and which one
+    depends on the seed and on the ids the tokenizer gave the words."""
+    import torch
+
+    from course_utils.rank.models import tiny_bert_classifier
+
+    model = tiny_bert_classifier(vocab_size, len(EMOTION_LABELS), labels=EMOTION_LABELS, seed=seed)
+    scale = width_scaled_std(model.config.hidden_size) / model.config.initializer_range
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                module.weight.mul_(scale)          # the same draw, with the larger std (the padding row stays 0)
+    model.config.initializer_range *= scale
+    return model

@@ -53,3 +53,57 @@ def plot_loss(own, batches_per_epoch: int, window: int = 10):
     ax.grid(alpha=0.3)
     ax.legend()
     return fig
+
+
+def vocabularies(texts, vocab_size: int, times: int = 3):
+    """Train the WordPiece tokenizer ``times`` times on the same ``texts``, with ``tokenizers``' trainer alone and with
+    the course's fixed order (:func:`course_utils.rank.data.train_wordpiece`): one row each, with how many different
+    vocabularies the trainings gave, their sizes, and, for each later training, how many pieces of the first one's
+    vocabulary it lacks or numbers otherwise."""
+    import pandas as pd
+
+    from course_utils.rank.data import train_wordpiece
+
+    rows = {}
+    for name, fixed in (("tokenizers' trainer alone", False), ("data.train_wordpiece (fixed order)", True)):
+        first, *later = [train_wordpiece(texts, vocab_size, fixed_order=fixed).get_vocab() for _ in range(times)]
+        rows[name] = {f"vocabularies in {times} trainings": len({tuple(sorted(v.items())) for v in [first, *later]}),
+                      "pieces": sorted({len(v) for v in [first, *later]}),
+                      "the 1st's pieces lost or renumbered": [sum(v.get(piece) != i for piece, i in first.items())
+                                                              for v in later]}
+    return pd.DataFrame(rows).T
+
+
+def recall(confusion, labels: list[str]):
+    """Per-class recall from a confusion matrix (row: the true label, column: the predicted one): the share of each
+    label's examples that the model gave that label, as a Series named by ``labels``."""
+    import pandas as pd
+
+    table = pd.DataFrame(confusion, index=labels, columns=labels)
+    return pd.Series([table.loc[k, k] / table.loc[k].sum() for k in labels], index=labels, name="recall")
+
+
+def initial_signal(tokenizer, texts, seed: int = 0):
+    """How much an untrained classifier's output depends on the sentence it reads, with BERT's initial std (0.02) and
+    with the width-scaled std of :func:`course_utils.rank.data.emotion_classifier`: for the last hidden state at the
+    [CLS] position (what the classifier head reads) and for the logits, how far each sentence's vector lies from the
+    mean over ``texts``, as a share of the vectors' size (0: every sentence gets the same output)."""
+    import pandas as pd
+    import torch
+
+    from course_utils.rank.data import EMOTION_LABELS, emotion_classifier
+    from course_utils.rank.models import tiny_bert_classifier
+
+    def spread(vectors):
+        return float((vectors - vectors.mean(0)).norm(dim=1).mean() / vectors.norm(dim=1).mean())
+
+    batch = tokenizer(list(texts), padding=True, return_tensors="pt", return_token_type_ids=False)
+    rows = {}
+    for model in (tiny_bert_classifier(len(tokenizer), len(EMOTION_LABELS), seed=seed),
+                  emotion_classifier(len(tokenizer), seed=seed)):
+        model.eval()
+        with torch.no_grad():
+            out = model(**batch, output_hidden_states=True)
+        rows[f"std {model.config.initializer_range:.3f}"] = {"[CLS] output": spread(out.hidden_states[-1][:, 0]),
+                                                             "logits": spread(out.logits)}
+    return pd.DataFrame(rows).T
