@@ -240,3 +240,32 @@ def test_the_op_table_reads_the_build_cache_without_making_a_folder_per_op(tmp_p
     rows = {r["op"]: r["built_in_cache"] for r in ops.ds_report_table(report)}
     assert rows == {"cpu_adam": True, "cpu_lion": False}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_adam"]
+
+
+def test_an_op_being_built_is_given_the_pace_its_compilers_get_now(tmp_path):
+    """However busy the machine, the compilers' CPU so far over the time so far is the pace the rest will get."""
+    since = time.time() - 60
+    # 30 s of CPU in 60 s (a busy machine: half a core) of 110 s needed: 80 s more at that pace, 160 s
+    assert opbuild.left_of_building("fused_adam", 55, 60, since, cpu=(30.0, 110.0)) == pytest.approx(160)
+    # an idle machine: 90 s of CPU in 60 s, 20 s more
+    assert opbuild.left_of_building("fused_adam", 55, 60, since, cpu=(90.0, 110.0)) == pytest.approx(13.3, abs=0.1)
+    # too early to tell, or no /proc: the estimate
+    assert opbuild.left_of_building("fused_adam", 220, 10, since, cpu=(3.0, 110.0)) == pytest.approx(210)
+    assert opbuild.left_of_building("fused_adam", 220, 60, since, cpu=(None, 110.0)) == pytest.approx(160)
+
+
+def test_the_compilers_cpu_is_read_from_the_builders_process_tree():
+    """A child that burns CPU under this process counts once it runs and once it is reaped (the builder's cutime)."""
+    start = {"pid": os.getpid(), "cpu_at_start": opbuild._compiler_seconds()}
+    burn = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.time() + 20
+        while (opbuild.compilers_cpu(start) or 0) < 1.4 and time.time() < deadline:
+            time.sleep(0.2)
+        assert 1.4 <= opbuild.compilers_cpu(start) < 5
+    finally:
+        burn.kill()
+        burn.wait()
+    assert 1.4 <= opbuild.compilers_cpu(start) < 5          # reaped: now in this process's cutime
+    assert opbuild.compilers_cpu({"pid": 0, "cpu_at_start": 0.0}) is None
+    assert opbuild.compilers_cpu({"pid": os.getpid(), "cpu_at_start": None}) is None

@@ -42,7 +42,8 @@ def write_state(path: Path, todo: list[_ops.Op], done: dict[str, str], building:
     """The builder's progress, for the waiting side: its pid, the ops to build, which now and since when, and how
     much slower than the table's estimates the ops built so far took (:class:`Pace`)."""
     state = {"pid": pid or os.getpid(), "ops": [op.key for op in todo], "done": done, "building": building,
-             "since": time.time(), "factor": factor}
+             "since": time.time(), "factor": factor,
+             "cpu_at_start": None if pid else _compiler_seconds()}    # the builder's own: its compilers' CPU so far
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")      # the starter and the build both write it
     tmp.write_text(json.dumps(state))
@@ -85,7 +86,8 @@ def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
     for n in queue:
         seconds = table.get(n, 60) * state.get("factor", 1.0)
         if n == state["building"]:
-            seconds = left_of_building(n, seconds, time.time() - state["since"], state["since"])
+            seconds = left_of_building(n, seconds, time.time() - state["since"], state["since"],
+                                       cpu=(compilers_cpu(state), 2 * table.get(n, 60)))
         ahead += seconds
         if n in names:
             out.append((n, ahead))
@@ -109,10 +111,48 @@ def compiled(key: str, since: float) -> tuple[int, int] | None:
     return (done, len(targets)) if targets else None
 
 
-def left_of_building(key: str, estimate: float, elapsed: float, since: float) -> float:
-    """Seconds until the op being built is ready: its estimate less its time so far; once it has run past that (a
-    machine busier than the estimate counted on), its own pace so far: the time per object file written, for the
-    files still to compile and the link (about one file's time), or, before any file is written, as long again."""
+def compilers_cpu(state: dict) -> float | None:
+    """CPU seconds the background build's compilers have spent on the op it builds now: the builder's reaped children
+    (``cutime``, less what it had at the op's start) and every live process under it (ninja, the compilers). None
+    where /proc cannot tell (another system, a build that has just started)."""
+    try:
+        pid, at_start = int(state["pid"]), state.get("cpu_at_start")
+        if at_start is None:
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                stats[int(entry)] = (int(fields[1]), [int(f) for f in fields[11:15]])   # ppid; utime stime cutime cstime
+        if pid not in stats:
+            return None
+        children: dict[int, list[int]] = {}
+        for p, (ppid, _) in stats.items():
+            children.setdefault(ppid, []).append(p)
+        total, todo = (stats[pid][1][2] + stats[pid][1][3]) / tick - at_start, list(children.get(pid, []))
+        while todo:
+            p = todo.pop()
+            total += sum(stats[p][1]) / tick
+            todo += children.get(p, [])
+        return max(0.0, total)
+    except (KeyError, ValueError, TypeError, IndexError, OSError):
+        return None
+
+
+def left_of_building(key: str, estimate: float, elapsed: float, since: float,
+                     cpu: tuple[float | None, float] = (None, 0.0)) -> float:
+    """Seconds until the op being built is ready. ``cpu``: (CPU seconds its compilers have spent so far, about
+    what they need in all, twice the idle estimate: two files compile at once): once they have run a while, the rest
+    at the pace they get on this machine now, however busy it is. Else its estimate less its time so far; once it has
+    run past that, its own pace so far: the time per object file written, for the files still to compile and the link
+    (about one file's time), or, before any file is written, as long again."""
+    spent, needed = cpu
+    if spent is not None and elapsed >= 15 and spent >= 5 and spent < needed:
+        return max(10.0, (needed - spent) * elapsed / spent)
     if elapsed < estimate - 10:
         return estimate - elapsed
     progress = compiled(key, since)
