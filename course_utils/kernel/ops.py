@@ -45,11 +45,12 @@ CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10 and 12 (Ze
 ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185)   # with pin_memory
 
 # A background build shares the 2 cores with the two notebooks running meanwhile (each launching 2 ranks): its two
-# compilers get about a third of the machine, and the kernels, launchers and loading take more. A fresh `make course`
-# on 2 cores built fused_adam, async_io and cpu_adam (about 5 minutes idle) in about 18 minutes beside the notebooks:
-# until its first op tells the real pace (:class:`course_utils.kernel.opbuild.Pace`), it counts on 4 times the idle
-# estimate.
-BESIDE_NOTEBOOKS = 4.0
+# compilers get a third to two thirds of the machine, by what the notebooks beside do. Fresh `make course` runs on 2
+# cores built fused_adam, cpu_adam and async_io (55, 55 and 185 s idle) in 75, 139 and 549 s beside the notebooks in
+# one run, and all three in about 18 minutes in another: until its first op tells the real pace
+# (:class:`course_utils.kernel.opbuild.Pace`), it counts on 2.5 times the idle estimate, and a launch waiting for an op
+# asks the pace its compilers get (:func:`course_utils.kernel.opbuild.compilers_cpu`).
+BESIDE_NOTEBOOKS = 2.5
 # ... and the notebooks beside it run slower by about the share the compilers take (2 of 6 busy processes).
 NOTEBOOKS_BESIDE_BUILD = 1.5
 
