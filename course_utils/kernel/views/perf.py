@@ -313,18 +313,16 @@ def mismatch_reports(rank_logs: dict[int, str]) -> dict[int, str]:
     return out
 
 
-_CPP_INFO = re.compile(r"^\[I\d{4} [\d:.]+ \S+:\d+\] ")     # an INFO line of torch's C++ core (glog's format)
 
 
-def streamed_lines(result: LaunchResult, cpp_info: bool = False) -> list[str]:
-    """The lines a launch streams into the notebook (the runner's learner filter over ``result.log``), for a launch
-    run with ``quiet=True``: without the INFO lines of torch's C++ core (``TORCH_CPP_LOG_LEVEL=INFO``: c10d's "client
-    socket has connected" on every rank), unless ``cpp_info``."""
+def streamed_lines(result: LaunchResult) -> list[str]:
+    """The lines a launch streams into the notebook (the runner's learner filter over ``result.log``: it leaves out
+    the INFO lines of torch's C++ core, ``TORCH_CPP_LOG_LEVEL=INFO``'s c10d "client socket has connected" on every
+    rank, and DeepSpeed's INFO chatter), for a launch run with ``quiet=True``."""
     from course_utils.kernel.launch.streams import LearnerFilter
 
     shown = LearnerFilter()
-    return [line for line in result.log.splitlines()
-            if shown.shows(line) and (cpp_info or not _CPP_INFO.match(line.partition("] ")[2]))]
+    return [line for line in result.log.splitlines() if shown.shows(line)]
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
