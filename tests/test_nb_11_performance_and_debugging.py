@@ -53,10 +53,11 @@ def test_notebook_runs_and_records_its_figures():
     assert 0.8 * b["clock"] <= b["timers total"] <= 1.01 * b["clock"]
     assert all(b[k] > 0 for k in perf.BREAKDOWN)
     assert m["alpha_s"] > 0 and m["beta_s_per_byte"] > 0
-    # α–β's bare all-reduce < the call in a step (the all-reduce itself + the wait for the last rank) < the engine's
-    # bwd_allreduce timer around it (+ the copies outside the call); the parts add up to the timer
+    # the call in a step (the all-reduce itself + the wait for the last rank) < the engine's bwd_allreduce timer around
+    # it (+ the copies outside the call); the parts add up to the timer. α–β's figure is a model fitted on timings of
+    # shared cores: beside the call, not ordered with it (a busy machine can put it above)
     parts = m["grad_allreduce_parts_ms"]
-    assert 0 < m["predicted_grad_allreduce_ms"] < parts["call"] < parts["timer"]
+    assert m["predicted_grad_allreduce_ms"] > 0 and parts["call"] < parts["timer"]
     assert parts["all-reduce itself"] > 0 and parts["waiting"] >= 0 and parts["outside the call"] > 0
     assert parts["all-reduce itself"] + parts["waiting"] + parts["outside the call"] == pytest.approx(parts["timer"])
     # the flops profiler profiled the step that began with global_steps == profile_step and titled it after its update
