@@ -101,6 +101,9 @@ def run(script: str | Path, script_args: Sequence[Any], options: LaunchOptions) 
     script_path = cmds.resolve_script(script)
     opbuild.wait_for_launch(script_path.stem, options.quiet)   # an op it loads still building in the background
     run_dir = cmds.new_run_dir(script_path, options.name)
+    # made here, not by DeepSpeed's launcher: with hosts on this machine (loopback), one launcher per host checks
+    # whether the folder exists and then makes it (launch.py), and the slower one fails with FileExistsError
+    run_folder.ranks_dir(run_dir).mkdir(parents=True, exist_ok=True)
     if options.config is not None and not options.precheck and not options.quiet:
         print("Config pre-check off (precheck=False): the config goes to DeepSpeed unchecked.", flush=True)
     args = [str(a) for a in script_args] + cmds.config_args(options, run_dir)
