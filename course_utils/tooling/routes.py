@@ -11,7 +11,6 @@ a notebook or section that does not exist, or a table drifts.
 """
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -104,7 +103,7 @@ def step_minutes(step: Step, led: bool = False) -> int:
     exercises = sum(1 for c in kept if study_time.is_solution_cell(c))
     if led:
         return instructors.slot_minutes(seconds, exercises)
-    return 5 * math.ceil((reading + study_time.MINUTES_PER_EXERCISE * exercises + seconds / 60) / 5)
+    return study_time.minutes_alone(reading, exercises, seconds)
 
 
 def hours(minutes: int) -> str:

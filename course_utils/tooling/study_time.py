@@ -62,8 +62,13 @@ def exercises(notebook: Path) -> int:
 
 def alone_minutes(notebook: Path, run_seconds: float) -> int:
     """Reading, exercises and the notebook's own run time, rounded up to 5 minutes."""
-    total = reading_minutes(notebook) + MINUTES_PER_EXERCISE * exercises(notebook) + run_seconds / 60
-    return 5 * math.ceil(total / 5)
+    return minutes_alone(reading_minutes(notebook), exercises(notebook), run_seconds)
+
+
+def minutes_alone(reading: float, exercises: int, run_seconds: float) -> int:
+    """Reading minutes, exercises and run seconds as a learner's time alone, rounded up to 5 minutes (a whole notebook
+    or some of its sections)."""
+    return 5 * math.ceil((reading + MINUTES_PER_EXERCISE * exercises + run_seconds / 60) / 5)
 
 
 def _runs(seconds: float) -> str:
