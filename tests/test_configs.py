@@ -202,7 +202,7 @@ def test_auto_values_pass_for_the_trainer_only():
 
 def test_file_errors_say_where(tmp_path):
     broken = tmp_path / "broken.json"
-    broken.write_text('{\n  "train_micro_batch_size_per_gpu": 2,\n}\n')
+    broken.write_text('{\n  "train_micro_batch_size_per_gpu": 2,\n  "fp16": {"enabled": true]\n}\n')
     with pytest.raises(ConfigError, match="line 3"):
         validate(broken)
     with pytest.raises(ConfigError, match="does not exist"):
@@ -222,3 +222,78 @@ def test_deepspeed_verdict_is_deepspeeds_own_word_for_that_many_ranks():
     parsed, said = configs.deepspeed_verdict(config, 8)
     assert parsed is None and said.startswith("AssertionError") and "256 != 32 * 4 * 8" in said
     assert "derives" not in said, "DeepSpeed's words only, no course hint"
+
+
+# A config file of the kind people write by hand: a comment and trailing commas.
+COMMENTED = '{\n  // two sequences per rank\n  "train_micro_batch_size_per_gpu": 2,\n  "zero_optimization": {"stage": 2,},\n}\n'
+
+
+def test_a_file_only_hjson_reads_is_deepspeeds_to_read_and_the_trainers_to_refuse(tmp_path, capsys):
+    """DeepSpeed reads a config path with hjson, the Trainer and accelerate with json: the same file passes one
+    launcher and stops the other. Each reader is asked here, so the doctor's verdict cannot drift from theirs."""
+    from accelerate.utils.deepspeed import HfDeepSpeedConfig
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    path = tmp_path / "by_hand.json"
+    path.write_text(COMMENTED)
+    with world_of(2):
+        assert DeepSpeedConfig(str(path)).zero_optimization_stage == 2          # DeepSpeed's own reader takes it
+    with pytest.raises(json.JSONDecodeError):
+        HfDeepSpeedConfig(str(path))                                           # the Trainer's and accelerate's does not
+    assert validate(path, world_size=2) == {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}
+    warning = capsys.readouterr().out
+    assert "not valid JSON" in warning and "line 2" in warning and "hjson" in warning and "The launch goes on" in warning
+    with pytest.raises(ConfigError, match=r"(?s)line 2.*json.load.*Trainer launch stops"):
+        validate(path, world_size=2, trainer=True)
+    path.write_text(COMMENTED.replace("//", "!!"))                             # neither reads this
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        validate(path, world_size=2)
+
+
+QUOTED = {"train_micro_batch_size_per_gpu": "8", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+          "gradient_clipping": "1.0", "bf16": {"enabled": "false"}, "zero_optimization": {"stage": "2"},
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "0.0"}}}
+
+
+def trainers_verdict(config: dict, tmp_path) -> str:
+    """transformers' own check of a Trainer config against TrainingArguments that agree with its values (1 process):
+    "" or its error."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_grad_norm=1.0,
+                             learning_rate=1e-3, weight_decay=0.0, use_cpu=True, report_to=[])
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    try:
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, None, 10)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def test_numbers_in_quotes_stop_the_trainer_and_the_doctor_says_which(tmp_path):
+    said = trainers_verdict(QUOTED, tmp_path)
+    assert "mismatch TrainingArguments" in said and "- ds train_micro_batch_size_per_gpu=8 vs hf " \
+        "per_device_train_batch_size=8" in said, said                 # two sides that print alike
+    unquoted = {k: (configs._as_number_or_boolean(v) if configs._as_number_or_boolean(v) is not None else v)
+                for k, v in configs.leaf_paths(QUOTED).items()}
+    fixed = json.loads(json.dumps(QUOTED))
+    fixed.update(train_micro_batch_size_per_gpu=8, gradient_clipping=1.0, bf16={"enabled": False})
+    fixed["optimizer"]["params"]["weight_decay"] = 0.0
+    assert trainers_verdict(fixed, tmp_path) == "", "the same values as numbers agree with the arguments"
+    assert unquoted["zero_optimization.stage"] == 2
+    problems = diagnose(QUOTED, world_size=2, trainer=True).errors
+    named = sorted(p.split(":")[0] for p in problems)
+    # every quoted value the Trainer compares, and none it does not (zero_optimization.stage: DeepSpeed reads "2")
+    assert named == ["bf16.enabled", "gradient_clipping", "optimizer.params.weight_decay",
+                     "train_micro_batch_size_per_gpu"], problems
+    assert all("Write" in p and "without quotes" in p for p in problems)
+    assert diagnose(fixed, world_size=2, trainer=True).errors == []
+
+
+def test_the_trainers_compared_keys_are_read_from_transformers():
+    compared = configs.trainer_compared_keys()
+    assert compared["train_micro_batch_size_per_gpu"] == "per_device_train_batch_size"
+    assert {"optimizer.params.lr", "scheduler.params.total_num_steps", "bf16.enabled"} <= set(compared)
+    assert "scheduler.params.warmup_min_lr" not in compared, "filled, never compared (fill_only)"

@@ -51,8 +51,18 @@ class ConfigError(ValueError):
 
 def load(config: dict | str | Path) -> tuple[dict, str]:
     """A config as a dict plus a name for messages. Relative paths are also looked up in configs/."""
+    data, name, refused = _load(config)
+    if refused:
+        raise ConfigError(refused)
+    return data, name
+
+
+def _load(config: dict | str | Path) -> tuple[dict, str, str]:
+    """:func:`load`'s reading, plus json's refusal of a file that only DeepSpeed's own reader (hjson) accepts:
+    ``(config, name, "")`` for a file json reads, ``(config, name, json's refusal)`` for one with trailing commas or
+    comments that hjson reads, :class:`ConfigError` when neither reads it."""
     if isinstance(config, dict):
-        return copy.deepcopy(config), "<dict>"
+        return copy.deepcopy(config), "<dict>", ""
     path = Path(config)
     if not path.exists() and (CONFIGS / path).exists():
         path = CONFIGS / path
@@ -61,13 +71,17 @@ def load(config: dict | str | Path) -> tuple[dict, str]:
         raise ConfigError(f"Config file {config} does not exist. Configs shipped with the course: {available}")
     text = path.read_text()
     twice: list[str] = []
+    refused = ""
     try:
         data = json.loads(text, object_pairs_hook=lambda pairs: _no_duplicates(pairs, twice))
     except json.JSONDecodeError as e:
         line = text.splitlines()[e.lineno - 1] if e.lineno <= len(text.splitlines()) else ""
-        raise ConfigError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}:\n"
-                          f"    {line}\n    {' ' * (e.colno - 1)}^\n"
-                          f"(JSON allows no trailing commas, comments or single quotes.)") from None
+        refused = (f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}:\n"
+                   f"    {line}\n    {' ' * (e.colno - 1)}^\n"
+                   f"(JSON allows no trailing commas, comments or single quotes.)")
+        data = _read_as_deepspeed_does(text, twice)
+        if data is None:
+            raise ConfigError(refused) from None
     if twice:
         keys = list(dict.fromkeys(twice))
         raise ConfigError(f"{path}: {', '.join(map(repr, keys))} {'appears' if len(keys) == 1 else 'appear'} twice "
@@ -75,7 +89,19 @@ def load(config: dict | str | Path) -> tuple[dict, str]:
                           f"the last one); keep one of them.")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object {{...}}, not {type(data).__name__}.")
-    return data, str(path)
+    return data, str(path), refused
+
+
+def _read_as_deepspeed_does(text: str, twice: list[str]) -> dict | None:
+    """The file as DeepSpeed reads a config path (``DeepSpeedConfig.__init__``: ``hjson.load`` with
+    ``dict_raise_error_on_duplicate_keys``), which takes trailing commas and comments; None when hjson refuses it too."""
+    import hjson
+
+    try:
+        data = hjson.loads(text, object_pairs_hook=lambda pairs: _no_duplicates(pairs, twice))
+    except hjson.HjsonDecodeError:
+        return None
+    return json.loads(json.dumps(data))         # hjson's OrderedDicts as plain dicts
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]], twice: list[str]) -> dict:
@@ -135,8 +161,13 @@ class Diagnosis:
 def diagnose(config: dict | str | Path, world_size: int = 1, trainer: bool = False) -> Diagnosis:
     """Every problem and every warning of a config for a launch of ``world_size`` ranks, without raising
     (except :class:`ConfigError` for a file that is missing or not JSON)."""
-    cfg, name = load(config)
+    cfg, name, json_refused = _load(config)
     out = Diagnosis(name=name, world_size=world_size, config=cfg)
+    if json_refused:
+        out.errors += [_json_only_problem(json_refused)] if trainer else []
+        out.warnings += [] if trainer else [_json_only_warning(json_refused)]
+    if trainer:
+        out.errors += _quoted_values_the_trainer_compares(cfg)
     autos = auto_keys(cfg)
     if autos and not trainer:
         out.errors.append(f"{', '.join(autos)}: \"auto\" values are filled in only by the Hugging Face Trainer. "
@@ -293,3 +324,77 @@ def _scheduler_problem(cfg: dict) -> str | None:
     return (f"scheduler.type: {sched!r} is not a DeepSpeed scheduler ({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) "
             f"nor a torch.optim.lr_scheduler class."
             + (f" Did you mean {close[0]!r}?" if close else " Pick one of those."))
+
+
+_READERS = ("DeepSpeed reads a config file with hjson (deepspeed/runtime/config.py, DeepSpeedConfig.__init__), which "
+            "takes trailing commas and comments; the Hugging Face Trainer and accelerate read it with json.load "
+            "(accelerate/utils/deepspeed.py, HfDeepSpeedConfig)")
+
+
+def _json_only_problem(refused: str) -> str:
+    """A Trainer (or accelerate) launch of a file only hjson reads: where json stops, and why DeepSpeed alone would not."""
+    return (f"{refused}\n    {_READERS}, so a Trainer launch stops there, before any rank trains. "
+            f"Remove the trailing commas and comments (a note can be a key: \"_comment\": \"...\").")
+
+
+def _json_only_warning(refused: str) -> str:
+    first = refused.splitlines()[0].rstrip(":")
+    return (f"{first}; {_READERS}: this plain DeepSpeed launch reads it, the same file given to the Trainer or "
+            f"accelerate would stop at that line")
+
+
+def _as_number_or_boolean(value: Any) -> Any:
+    """What a string holds when it is a number or a boolean written in quotes ("8", "3e-5", "true"); None otherwise."""
+    if not isinstance(value, str) or value == "auto":
+        return None
+    if value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    try:
+        number = json.loads(value)
+    except json.JSONDecodeError:
+        return None
+    return number if isinstance(number, (int, float)) and not isinstance(number, bool) else None
+
+
+def trainer_compared_keys() -> dict[str, str]:
+    """Every config key the Hugging Face Trainer compares with one of its arguments, and that argument: read from
+    transformers itself, by running ``HfTrainerDeepSpeedConfig.trainer_config_process`` and
+    ``trainer_config_finalize`` with a recorder in place of ``fill_match`` (the calls that must match)."""
+    from unittest import mock
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    compared: dict[str, str] = {}
+
+    def record(self: Any, ds_key_long: str, hf_val: Any, hf_key: str | None = None, must_match: bool = True) -> None:
+        if must_match:
+            compared[ds_key_long] = hf_key or ds_key_long
+
+    class Arguments:                 # any argument the two methods read; their values do not matter here
+        def __getattr__(self, name: str) -> Any:
+            return 1
+
+        def get_warmup_steps(self, steps: int) -> int:
+            return 1
+
+    with mock.patch.object(HfTrainerDeepSpeedConfig, "fill_match", record):
+        config = HfTrainerDeepSpeedConfig({})
+        config.trainer_config_process(Arguments(), auto_find_batch_size=False)
+        config.trainer_config_finalize(Arguments(), None, 1)
+    return compared
+
+
+def _quoted_values_the_trainer_compares(cfg: dict) -> list[str]:
+    """Numbers and booleans written as strings where the Trainer compares the value with its argument: transformers'
+    ``fill_match`` compares ``"8" != 8`` and stops the start of training with a mismatch whose two sides can print
+    alike ("ds x=8 vs hf y=8")."""
+    quoted = {k: (v, _as_number_or_boolean(v)) for k, v in leaf_paths(cfg).items()
+              if _as_number_or_boolean(v) is not None}
+    if not quoted:
+        return []
+    compared = trainer_compared_keys()
+    return [f"{key}: {text!r} is a string, and the Trainer compares it as it is with its argument {compared[key]} "
+            f"(transformers' HfTrainerDeepSpeedConfig.fill_match: {text!r} != {json.dumps(value)}): the start of "
+            f"training stops with \"Please correct the following DeepSpeed config values that mismatch "
+            f"TrainingArguments values: - ds {key}={text} vs hf {compared[key]}=…\" (the two sides can print "
+            f"alike). Write {json.dumps(value)} without quotes, or \"auto\"."
+            for key, (text, value) in quoted.items() if key in compared]
