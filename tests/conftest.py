@@ -14,7 +14,7 @@ from unittest import mock
 import nbformat
 import pytest
 
-from course_utils.tooling import manifest
+from course_utils.tooling import manifest, symptoms
 from course_utils.common import devices, paths
 from course_utils.tooling.course import execute
 from course_utils.tooling.nbtools import cut_table_cells
@@ -190,6 +190,12 @@ def temporary_folder_of_its_own() -> Iterator[Path]:
 _EXECUTED: dict[tuple, dict] = {}       # (name, parameters, source, machine) → figures: one execution per test session
 
 
+def _has_gpu() -> bool:
+    """The symptom index quotes the CPU run's messages (a GPU words some of them its own way)."""
+    import torch
+    return torch.cuda.is_available()
+
+
 def run_notebook(name: str, parameters: dict | None = None, source: Path | None = None, machine: dict | None = None) -> dict:
     """Execute notebook ``name`` with the smoke parameters (plus ``parameters``); return its metrics (a second
     call in the same session with the same arguments returns the first one's figures). ``machine``: the course is
@@ -230,6 +236,11 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
     assert not unscored, f"{name}: nbgrader would not give these solved checks their point: {unscored}"
     cut = cut_table_cells(executed)
     assert not cut, f"{name}: a table shows cells cut short (course_utils.kernel.notebook.whole_table_cells): {cut}"
+    if parameters is None and source is None and machine is None and not _has_gpu():
+        unseen = symptoms.missing(name, executed)
+        assert not unseen, (f"{name}: the symptom index (notebooks/appendix/symptoms.toml) quotes messages this run no "
+                            f"longer prints; update their entries and `python -m course_utils.tooling.tables --write`: "
+                            f"{unseen}")
     replayed = json.loads(outcomes.read_text())
     student = {exercise: outcome["student"] for exercise, outcome in replayed.items()}
     assert replayed and set(student.values()) == {"ExerciseNotDone"}, (

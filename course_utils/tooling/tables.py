@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from course_utils.tooling import gpu_table, instructors, routes, study_time
+from course_utils.tooling import gpu_table, instructors, routes, study_time, symptoms
 from course_utils.tooling.manifest import README, README_BEGIN, README_END, between, full_rows, problems, readme_table
 
 GPU_BEGIN = "<!-- GPU table: written by `python -m course_utils.tooling.tables --write` from the notebooks' launches -->"
@@ -37,6 +37,8 @@ def tables_drift() -> list[str]:
     out += [f"{stem}'s \"Time to allow\" line" for stem in study_time.box_drift()]
     if _guide() != instructors.GUIDE.read_text():
         out.append("INSTRUCTORS.md's timing or paths table")
+    if symptoms.page_drift():
+        out.append("notebooks/appendix/symptom_index.md")
     return out
 
 
@@ -47,6 +49,7 @@ def write_tables() -> list[str]:
     gpu_table.box_drift(write=True)
     study_time.box_drift(write=True)
     instructors.GUIDE.write_text(_guide())
+    symptoms.write_page()
     return changed
 
 
