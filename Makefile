@@ -53,17 +53,15 @@ STEP = $(PY) -m course_utils.kernel.progress step
 # WHEELHOUSE=<folder> (made by `make wheelhouse`): the packages come from that folder only, without network.
 PIP_SOURCE = $(if $(WHEELHOUSE),--no-index --find-links "$(abspath $(WHEELHOUSE))")
 
-$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_utils/kernel/opbuild.py .ci/install-libaio .ci/install-multinode .ci/install-slurm
+# The system packages (apt) install beside pip: .ci/install-system, NOTE lines where it cannot (not root, no apt).
+$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_utils/kernel/opbuild.py .ci/install-system .ci/install-libaio .ci/install-multinode .ci/install-slurm
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(STEP) packages -- sh -c '$(if $(WHEELHOUSE),$(PY) -m course_utils.tooling.wheelhouse check "$(WHEELHOUSE)" && )\
+	@$(STEP) packages --beside "bash .ci/install-system" -- sh -c '$(if $(WHEELHOUSE),$(PY) -m course_utils.tooling.wheelhouse check "$(WHEELHOUSE)" && )\
 	  $(PY) -m pip install -q $(PIP_SOURCE) --upgrade pip && $(PY) -m pip install -q $(PIP_SOURCE) -r requirements.txt \
 	  && $(PY) -m pip install -q $(PIP_SOURCE) --no-deps -e .'
 	@# ipykernel stages the kernelspec in a folder of its own under TMPDIR and leaves that folder behind: one to remove
 	@$(STEP) kernel -- sh -c 'tmp=$$(mktemp -d) && TMPDIR=$$tmp $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) \
 	  --display-name "DeepSpeed course (.venv)"; status=$$?; rm -rf "$$tmp"; exit $$status'
-	@$(STEP) libaio -- bash .ci/install-libaio
-	@$(STEP) multinode -- bash .ci/install-multinode
-	@$(STEP) slurm -- bash .ci/install-slurm
 	@$(STEP) ops --show -- $(PY) -m course_utils.kernel.opbuild --build --first
 	@touch $(STAMP)
 

@@ -269,3 +269,31 @@ def test_the_compilers_cpu_is_read_from_the_builders_process_tree():
     assert 1.4 <= opbuild.compilers_cpu(start) < 5          # reaped: now in this process's cutime
     assert opbuild.compilers_cpu({"pid": 0, "cpu_at_start": 0.0}) is None
     assert opbuild.compilers_cpu({"pid": os.getpid(), "cpu_at_start": None}) is None
+
+
+def test_a_step_runs_a_second_command_beside_its_own_and_ends_it_with_the_step(tmp_path, capsys):
+    """Set-up installs the system packages (apt) beside pip: both run at once, the NOTE lines of either are shown,
+    the step ends when both have (a failed step too: apt is never cut off mid-install by pip's failure); an
+    interrupted step ends what runs beside it, whole."""
+    log = tmp_path / "setup.log"
+    started = time.monotonic()
+    beside = ["sh", "-c", "sleep 2; echo 'NOTE: Slurm is not installed:'; echo '   sudo apt-get install slurm-wlm'"]
+    assert progress.step("packages", ["sh", "-c", "sleep 2; echo pip done"], log, beside=beside) == 0
+    assert time.monotonic() - started < 3.5, "the two commands ran one after the other (4 s)"
+    out = capsys.readouterr().out
+    assert "NOTE: Slurm is not installed" in out and "sudo apt-get install slurm-wlm" in out
+    assert "pip done" in log.read_text() and "# beside it: sh -c" in log.read_text()
+    assert not list(tmp_path.glob(".setup.log.beside")), "its output file is gone with it"
+    assert progress.step("kernel", ["true"], log, beside=["sh", "-c", "exit 4"]) == 4, "its failure is the step's"
+    done = tmp_path / "apt-finished"
+    assert progress.step("kernel", ["sh", "-c", "exit 3"], log, beside=["sh", "-c", f"sleep 1; touch {done}"]) == 3
+    assert done.exists(), "a failed step still lets the command beside it finish"
+
+    marker = tmp_path / "still-running"
+    forever = ["sh", "-c", f"sh -c 'sleep 30; touch {marker}' & wait"]
+    with pytest.raises(KeyboardInterrupt):
+        with progress._beside(forever, log):
+            time.sleep(0.5)
+            raise KeyboardInterrupt
+    left = subprocess.run(["pgrep", "-f", f"touch {marker}"], capture_output=True, text=True).stdout.split()
+    assert left == [], "an interrupted step leaves nothing of the command beside it running"

@@ -10,12 +10,14 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from course_utils.common import paths
 
@@ -130,10 +132,11 @@ def left_seconds(waiting: list[str], running: Mapping[str, float], estimate: Map
 
 
 # The set-up steps of the Makefile, with their time on a fresh 2-core machine (measured 2026-11-25).
-SETUP_STEPS = {"packages": ("the pinned packages (pip)", 90), "kernel": ("the Jupyter kernel", 5),
-               "libaio": ("libaio-dev for NVMe offload (apt)", 15), "multinode": ("pdsh and OpenSSH (apt)", 20),
-               "slurm": ("Slurm, munge and Open MPI for the cluster lessons (apt)", 20),
-               "ops": ("DeepSpeed's ops for the first notebooks", 35)}
+# The system packages (apt: libaio-dev, pdsh and OpenSSH, Slurm, munge and Open MPI, about 55 s) install beside pip
+# (``step --beside``): neither waits for the other, so the first notebook starts sooner.
+SETUP_STEPS = {"packages": ("the pinned packages (pip), beside them the system ones (apt)", 95),
+               "kernel": ("the Jupyter kernel", 5), "ops": ("DeepSpeed's ops for the first notebooks", 35)}
+BESIDE_LIMIT = 900      # seconds a step waits for the command beside it after its own (apt on a slow mirror)
 SETUP_LOG = "setup.log"
 
 
@@ -145,30 +148,67 @@ def _setup_started(log: Path, first: bool) -> float:
     return float(m[1]) if m else time.time()
 
 
-def step(name: str, command: list[str], log: Path, show: bool = False) -> int:
+@contextlib.contextmanager
+def _beside(command: list[str] | None, log: Path) -> Iterator[Callable[[], tuple[int, str]]]:
+    """Run ``command`` in a session of its own while the step's own command runs; the block gets a function that
+    waits for it (up to BESIDE_LIMIT) and returns its exit status and output. Whatever ends the block (a failure,
+    Ctrl-C), the command and everything it started are ended with it: nothing of set-up outlives set-up."""
+    if not command:
+        yield lambda: (0, "")
+        return
+    output = log.with_name(f".{log.name}.beside")
+    with output.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def finished() -> tuple[int, str]:
+        try:
+            code = proc.wait(timeout=BESIDE_LIMIT)
+        except subprocess.TimeoutExpired:
+            code = 124
+        return code, output.read_text(errors="replace") + (
+            f"\n{' '.join(command)} ran past {BESIDE_LIMIT} s and was stopped\n" if code == 124 else "")
+    try:
+        yield finished
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        output.unlink(missing_ok=True)
+
+
+def step(name: str, command: list[str], log: Path, show: bool = False, beside: list[str] | None = None) -> int:
     """Run one set-up step: its line (n of N, estimate), its output into ``log``, then how long it took and how
     long set-up has left. Lines starting with ``NOTE`` (what the learner must do, from ``.ci/install-*``) are
     shown; on a failure, the end of the output. ``show``: the command's standard output is for the learner (it
-    says its own progress); only its standard error goes to the log."""
+    says its own progress); only its standard error goes to the log. ``beside``: a second command run at the same
+    time (its output counts as the step's, after the step's own); the step ends when both have."""
     names = list(SETUP_STEPS)
     n = names.index(name) + 1
     started_setup = _setup_started(log, n == 1)
     label, estimate = SETUP_STEPS[name]
     header = f"set-up {n} of {len(names)}: {label}"
     started = time.monotonic()
-    with log.open("a") as out:
-        out.write(f"\n# step {n}: {' '.join(command)}\n")
+    with log.open("a") as out, _beside(beside, log) as beside_finished:
+        out.write(f"\n# step {n}: {' '.join(command)}\n" + (f"# beside it: {' '.join(beside)}\n" if beside else ""))
         out.flush()
         if show:
             say(f"{header} — about {minutes(sum(SETUP_STEPS[s][1] for s in names[n - 1:]))} left")
             proc = subprocess.run(command, stderr=out)
-            text = ""
+            beside_code, text = beside_finished()
         else:
             with timed(header, estimate, sum(SETUP_STEPS[s][1] for s in names[n - 1:])):
                 proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       errors="replace")
-            text = proc.stdout
-            out.write(text)
+                beside_code, beside_text = beside_finished()
+            text = proc.stdout + beside_text
+        out.write(text)
+        if proc.returncode == 0 and beside_code != 0:
+            proc.returncode = beside_code
     note = False
     for line in text.splitlines():
         note = line.startswith("NOTE") or (note and line.startswith(" ") and line.strip() != "")
@@ -193,10 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("step", help="run one set-up step: python -m course_utils.kernel.progress step NAME [--show] -- COMMAND...")
     s.add_argument("name", choices=list(SETUP_STEPS))
     s.add_argument("--show", action="store_true", help="the command's output is for the learner")
+    s.add_argument("--beside", help="a second command (one string) run at the same time as COMMAND")
     a = parser.parse_args(ours)
     if not command:
         parser.error("no command after --")
-    return step(a.name, command, paths.build_dir() / SETUP_LOG, a.show)
+    if a.show and a.beside:
+        parser.error("--beside needs the step's output (not --show)")
+    return step(a.name, command, paths.build_dir() / SETUP_LOG, a.show, shlex.split(a.beside) if a.beside else None)
 
 
 if __name__ == "__main__":
