@@ -37,3 +37,12 @@ class Prepared(Record, name="prepared"):
     returned_at: float
     built_at: float | None = None
 
+
+
+@dataclass
+class RankEnvironment(Record, name="rank_environment"):
+    """The launcher's variables one rank was started with (``received``: ``CUDA_VISIBLE_DEVICES``, ``RANK``,
+    ``LOCAL_RANK``, ...; None where unset), and ``CUDA_VISIBLE_DEVICES`` as the rank's script later sees it."""
+    rank: int
+    received: dict
+    visible_now: str | None
