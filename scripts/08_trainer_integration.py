@@ -6,12 +6,17 @@ the mismatch error, and HfDeepSpeedConfig before from_pretrained under ZeRO-3.
 2. The same with deepspeed=<dict>: the same run (the same losses).
 3. Config values that contradict TrainingArguments (lr, betas, warmup_num_steps): the one error the Trainer raises.
 4. ZeRO-3: from_pretrained with and without a live HfDeepSpeedConfig: partitioned or not.
+5. The same config without the Trainer: plain deepspeed.initialize and zero.Init meet "auto"; then the two fixes,
+   transformers filling it (as the Trainer does) and numbers written in, key group by key group.
 Run from a terminal:  deepspeed --num_gpus 2 scripts/08_trainer_integration.py --deepspeed_config configs/08_trainer.json
 """
 import copy
 import os
+import re
 import shutil
+import traceback
 
+import deepspeed
 import torch.distributed as dist
 from accelerate.state import AcceleratorState
 from transformers import GPT2LMHeadModel, Trainer
@@ -22,7 +27,7 @@ from course_utils.common import run_folder
 from course_utils.rank.data import counting_dataset
 from course_utils.rank.models import tiny_gpt2
 from course_utils.common.record import record
-from course_utils.common.records.trainer import EngineView, Zero3Load, build_parser, trainer_settings
+from course_utils.common.records.trainer import AutoOutside, EngineView, Zero3Load, build_parser, trainer_settings
 from course_utils.rank.scaffolding import finish, load_config, parse_args, rank0_print, scratch_dir
 from course_utils.rank.trainer import AutoFill, recording_auto_fills, training_arguments
 
@@ -81,6 +86,106 @@ def zero3_loads() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def hand_numbers(settings: dict, world_size: int) -> dict[str, dict]:
+    """5 · A number for each "auto" that DeepSpeed reads itself, as a loop without the Trainer writes them (from part
+    1's settings), grouped in the order such a loop meets their errors. The precision flags and the bucket size
+    are left out: DeepSpeed's own config sections drop an "auto" (``DeepSpeedConfigModel``) and use their defaults."""
+    micro, accum, lr = settings["per_device_train_batch_size"], settings["gradient_accumulation_steps"], settings["learning_rate"]
+    return {
+        "batch sizes": {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+                        "train_batch_size": micro * accum * world_size},
+        "scheduler": {"scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": lr,
+                      "scheduler.params.warmup_num_steps": settings["warmup_steps"],
+                      "scheduler.params.total_num_steps": settings["max_steps"]},
+        "gradient_clipping": {"gradient_clipping": settings["max_grad_norm"]},
+        "optimizer": {"optimizer.params.lr": lr, "optimizer.params.betas": [0.9, 0.999], "optimizer.params.eps": 1e-8,
+                      "optimizer.params.weight_decay": settings["weight_decay"]},
+    }
+
+
+def with_numbers(config: dict, numbers: dict) -> dict:
+    """A copy of ``config`` with each dotted key of ``numbers`` set to its value."""
+    config = copy.deepcopy(config)
+    for dotted, value in numbers.items():
+        *path, leaf = dotted.split(".")
+        node = config
+        for key in path:
+            node = node[key]
+        node[leaf] = value
+    return config
+
+
+def frames(err: BaseException) -> list[str]:
+    """The frames of ``err``'s traceback inside installed packages, outermost first, as "package/file.py:function"."""
+    inside = [re.split(r"[/\\](?:site|dist)-packages[/\\]", f.filename, maxsplit=1) + [f.name]
+              for f in traceback.extract_tb(err.__traceback__)]
+    return [f"{parts[1]}:{parts[2]}" for parts in inside if len(parts) == 3] or ["(outside the installed packages)"]
+
+
+def initialize_and_step(config: dict, steps: int, data) -> dict:
+    """Plain ``deepspeed.initialize`` on the part-1 model, then ``steps`` training steps on this rank's rows."""
+    model = tiny_gpt2("trainer")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    micro = engine.train_micro_batch_size_per_gpu()
+    rows = data[dist.get_rank() * micro:(dist.get_rank() + 1) * micro]["input_ids"].to(engine.device)
+    losses = []
+    for _ in range(steps):
+        loss = engine(input_ids=rows, labels=rows).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    figures = dict(train_batch_size=engine.train_batch_size(), reduce_bucket_size=engine.zero_reduce_bucket_size(),
+                   fp16=engine.fp16_enabled(), losses=losses)
+    engine.destroy()
+    return figures
+
+
+def build_under_zero_init(config: dict) -> dict:
+    """The part-1 model built inside ``deepspeed.zero.Init(config_dict_or_path=config)``: its token embedding."""
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        weight = tiny_gpt2("trainer").transformer.wte.weight
+    return dict(local_numel=weight.numel(), ds_numel=getattr(weight, "ds_numel", None))
+
+
+def attempt(label: str, call: str, numbers: list, run) -> AutoOutside:
+    """One try of part 5: ``run()``'s figures, or the first line of what it raised and where."""
+    try:
+        return AutoOutside(label=label, call=call, numbers=numbers, **run())
+    except Exception as err:        # every rank fails at the same line: nothing is left waiting in a collective
+        first = (str(err).splitlines() or [""])[0]
+        return AutoOutside(label=label, call=call, numbers=numbers, error=f"{type(err).__name__}: {first}",
+                           where=frames(err))
+
+
+def without_the_trainer(args, written: dict, data) -> list[AutoOutside]:
+    """5 · The Trainer's config, "auto" and all, handed to DeepSpeed by a loop of its own; then the two fixes."""
+    unset_hf_deepspeed_config()
+    tries = [attempt("the Trainer's config", "deepspeed.initialize", [],
+                     lambda: initialize_and_step(copy.deepcopy(written), args.steps, data)),
+             attempt("the Trainer's config", "zero.Init", [], lambda: build_under_zero_init(copy.deepcopy(written)))]
+
+    def filled_by_transformers() -> dict:     # fix 1: what the Trainer does, in two steps (section 3)
+        AcceleratorState._reset_state()
+        targs = training_arguments(output_dir=scratch_dir(), deepspeed=copy.deepcopy(written), **trainer_settings(args))
+        hf_config = targs.hf_deepspeed_config        # trainer_config_process ran when targs was created
+        hf_config.trainer_config_finalize(targs, tiny_gpt2("trainer"), args.steps)
+        unset_hf_deepspeed_config()                  # the global that targs set (section 6): not needed here
+        return initialize_and_step(hf_config.config, args.steps, data)
+    tries.append(attempt("filled by transformers (HfTrainerDeepSpeedConfig)", "deepspeed.initialize", [],
+                         filled_by_transformers))
+
+    numbers: dict = {}
+    groups: list[str] = []
+    for group, values in hand_numbers(trainer_settings(args), dist.get_world_size()).items():   # fix 2, group by group
+        numbers.update(values)
+        groups.append(group)
+        config, label = with_numbers(written, numbers), "numbers: " + " + ".join(groups)
+        tries.append(attempt(label, "deepspeed.initialize", list(numbers), lambda: initialize_and_step(config, args.steps, data)))
+        if group == "batch sizes":
+            tries.append(attempt(label, "zero.Init", list(numbers), lambda: build_under_zero_init(config)))
+    return tries
+
+
 def main(argv=None) -> None:
     args = parse_args(build_parser(__doc__), argv)
     written = load_config(args)
@@ -113,6 +218,10 @@ def main(argv=None) -> None:
 
     if 4 in args.parts:
         zero3_loads()
+
+    # 5 · the same config without the Trainer
+    if 5 in args.parts:
+        record(AutoOutside.NAME, without_the_trainer(args, written, data))
     finish()
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.common.record import as_records
-from course_utils.common.records.trainer import Zero3Load
+from course_utils.common.records.trainer import AutoOutside, Zero3Load
 from course_utils.kernel import hardware
 
 NAME = "08_trainer_integration"
@@ -59,5 +59,32 @@ def test_notebook_runs_and_records_its_figures():
     assert z3["with HfDeepSpeedConfig"].local_numel == 0
     assert z3["with HfDeepSpeedConfig"].ds_numel == 64 * 32
     assert z3["with HfDeepSpeedConfig"].partition_numel == 64 * 32 // procs
+    # the Trainer's config in a loop without the Trainer: DeepSpeed's own errors, then the two fixes
+    tries = as_records(m["auto_outside"], AutoOutside)
+    as_written = {t.call: t for t in tries if t.label == "the Trainer's config"}
+    for call, entry in (("deepspeed.initialize", "deepspeed/__init__.py:initialize"),
+                        ("zero.Init", "deepspeed/runtime/zero/partition_parameters.py:__init__")):
+        assert as_written[call].error == "TypeError: '>' not supported between instances of 'str' and 'int'"
+        assert as_written[call].where[0] == entry and as_written[call].where[-1] == "deepspeed/runtime/config.py:_batch_assertion"
+    filled = next(t for t in tries if t.label.startswith("filled by transformers"))
+    assert filled.error is None and filled.train_batch_size == 4 * 2 * procs and filled.reduce_bucket_size == 32 * 32
+    walk = [t for t in tries if t.label.startswith("numbers") and t.call == "deepspeed.initialize"]
+    assert [t.error for t in walk] == ["ValueError: warmup_num_steps must be a positive integer, got auto",
+                                       "TypeError: '>' not supported between instances of 'str' and 'float'",
+                                       "ValueError: too many values to unpack (expected 2)", None]
+    assert [t.where[0] for t in walk[1:3]] == ["deepspeed/runtime/engine.py:step"] * 2, "these two fail at the first step"
+    assert walk[-1].train_batch_size == 4 * 2 * procs and walk[-1].reduce_bucket_size == 500_000_000
+    assert walk[-1].fp16 is False and walk[-1].losses == pytest.approx(filled.losses, rel=1e-6)
+    assert len(walk[-1].losses) == len(m["losses_path"])
+    zero_init = next(t for t in tries if t.label.startswith("numbers") and t.call == "zero.Init")
+    assert zero_init.error is None and zero_init.local_numel == 0 and zero_init.ds_numel == 64 * 32
+    # two configs that look right: a number in quotes (transformers refuses it, the pre-check names it); a file with a
+    # comment and a trailing comma (DeepSpeed reads it, the Trainer's json does not; the pre-check warns or stops)
+    looks = m["configs_that_look_right"]
+    assert "- ds train_micro_batch_size_per_gpu=4 vs hf per_device_train_batch_size=4" in looks["quoted_transformers"]
+    assert [e.split(":")[0] for e in looks["quoted_doctor"]] == ["train_micro_batch_size_per_gpu"]
+    assert looks["commented_deepspeed_stage"] == 2 and looks["commented_doctor_plain_errors"] == []
+    assert looks["commented_trainer"].startswith("json.decoder.JSONDecodeError: Expecting property name")
+    assert "hjson" in looks["commented_doctor_plain"][0] and "Trainer launch stops" in looks["commented_doctor_trainer"][0]
     # accelerate launch runs in make course only, where the notebook checks its losses against the deepspeed launch
     assert m["accelerate_world_size"] is None and m["accelerate_losses"] is None

@@ -41,6 +41,24 @@ class AutoFill(Record, name="auto_fills"):
     source: str
 
 
+@dataclass
+class AutoOutside(Record, name="auto_outside"):
+    """One try of part 5: the Trainer's config ("auto" in it) handed to DeepSpeed without the Trainer. ``numbers``:
+    the keys given a number so far; ``error``: the exception's first line, ``where``: the frames in installed packages that
+    raised it; else the engine's figures after ``losses`` steps (or the partitioned weight, for ``zero.Init``)."""
+    label: str
+    call: str
+    numbers: list
+    error: str | None = None
+    where: list | None = None     # "package/file.py:function", outermost first
+    train_batch_size: int | None = None
+    reduce_bucket_size: int | None = None
+    fp16: bool | None = None
+    losses: list | None = None
+    local_numel: int | None = None
+    ds_numel: int | None = None
+
+
 def trainer_settings(args: argparse.Namespace) -> dict:
     """The TrainingArguments every run of ``scripts/08_trainer_integration.py`` shares (the notebook predicts the
     "auto" values from them)."""
@@ -54,5 +72,5 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=4, help="training steps of each Trainer run")
     parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--parts", type=int, nargs="*", default=[1, 2, 3, 4], help="which of the parts above to run")
+    parser.add_argument("--parts", type=int, nargs="*", default=[1, 2, 3, 4, 5], help="which of the parts above to run")
     return parser
