@@ -49,3 +49,23 @@ def test_notebook_runs_and_records_its_figures():
     assert m["handoff_same_translations"] == m["handoff_compared"], "the handed-off model must translate as in the ranks"
     assert m["export_matches_checkpoint"] is True
     assert m["handoff_bleu"] == m["bleu_after_zero2"]
+    # Section 6: generate in a loop of one's own under ZeRO-3 (deepspeed.initialize, no Trainer). Round 2 leaves
+    # synced_gpus to transformers, which sees no registered ZeRO-3 config: the stall detector catches the hang, rank 0
+    # in the barrier, rank 1 in ZeRO-3's parameter fetch inside the model's forward.
+    assert m["generate_hang_error"].startswith("Launch stalled: every rank had printed, then no line came for")
+    where = m["generate_hang_where"]
+    assert where["0"]["in barrier"] and not where["0"]["in forward"], where
+    assert all(w["in forward"] and w["in fetch_sub_module"] and not w["in barrier"]
+               for r, w in where.items() if r != "0") and len(where) == m["world_size"], where
+    assert m["generate_registered"] == {"plain from_pretrained": False, "while an HfDeepSpeedConfig lives": True,
+                                        "after it is gone": False}
+    assert m["generate_partitioned"] is True
+    # the tiny T5's tensors are all below DeepSpeed's default persistence threshold: the config's 0 is what makes forward gather
+    kept, tensors = m["generate_default_persistent"]
+    assert kept == tensors > 0
+    # Round 1, synced_gpus=True: every rank made as many forward passes as the longest translation of any rank
+    longest = m["generate_longest"]
+    assert longest[0] < max(longest), "rank 0's translations end first"
+    assert m["generate_synced_forward_calls"] == [max(longest)] * m["world_size"]
+    assert m["generate_unsynced_forward_calls"] == {"0": longest[0]}, "left to itself, rank 0 stops after its own"
+    assert m["generate_same_translations"] is True

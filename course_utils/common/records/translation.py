@@ -62,3 +62,17 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--warmup_steps", type=int, default=30)
     parser.add_argument("--max_length", type=int, default=64)
     return parser
+
+
+@dataclass
+class GenerateRun(Record, name="generate_run"):
+    """One ``generate`` call of ``scripts/10_generate_zero3.py`` on one rank, under ZeRO-3 without the Trainer."""
+    round: int                    # 1: synced_gpus=True; 2: as the script's option says (None: transformers decides)
+    synced_gpus: bool | None      # what the script passed to generate (None: the argument left out)
+    forward_calls: int            # calls of the model's forward during this generate (one per generated token)
+    lengths: list                 # tokens of each output (</s> included, padding excluded)
+    sentences: list               # the sources this rank translated
+    translations: list            # and its translations
+    registered: dict              # is_deepspeed_zero3_enabled() at three moments (what generate's default reads)
+    partitioned: bool             # every parameter of the module is a ZeRO-3 shard with nothing held whole
+    world_size: int

@@ -3,6 +3,7 @@ epoch against the word-for-word baseline and the ceiling, and ZeRO-2 and ZeRO-3 
 from __future__ import annotations
 
 import difflib
+import re
 import statistics
 from typing import Any, Sequence
 
@@ -62,3 +63,28 @@ def bleu_curve(curve: Sequence, before: float, baseline: float, points: dict[str
            xticks=[0] + [e.epoch for e in curve], title="BLEU after each epoch")
     ax.legend(fontsize=8, loc="lower right")
     return fig
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+# the frames that tell where a rank of scripts/10_generate_zero3.py waits: its own lines, generate's loop, the model's
+# forward, DeepSpeed's ZeRO-3 hook and parameter fetch, and the collective (torch.distributed) it waits in
+_TELLING = ("scripts/", "generation/utils.py", "modeling_", "zero/parameter_offload.py",
+            "zero/partitioned_param_coordinator.py", "zero/partition_parameters.py", "distributed_c10d.py")
+
+
+def where_generating(stacks: dict[int, str]) -> dict[int, dict[str, Any]]:
+    """Per rank, from the stacks a stalled launch collected (``LaunchError.result.stacks``): the path of its main
+    thread through the telling frames, outermost first (``folder/file:line function``), whether it was inside a model's
+    forward, and inside ZeRO-3's parameter fetch (``fetch_sub_module``, which waits for the all-gather)."""
+    from course_utils.kernel.launch.stacks import main_thread_stack
+
+    out = {}
+    for rank, text in sorted(stacks.items()):
+        frames = _FRAME.findall(main_thread_stack(text, frames=200))        # innermost first
+        telling = [f"{'/'.join(path.split('/')[-2:])}:{line} {fn}" for path, line, fn in reversed(frames)
+                   if any(t in path for t in _TELLING)]
+        out[rank] = {"innermost": telling[-1] if telling else "", "in forward": any(
+            "modeling_" in path and fn == "forward" for path, _, fn in frames),
+            "in fetch_sub_module": any(fn == "fetch_sub_module" for _, _, fn in frames),
+            "in barrier": any(fn == "barrier" for _, _, fn in frames), "path": telling}
+    return out
