@@ -1,6 +1,7 @@
 """Notebook 14 executed with papermill on the course's 2-node Slurm cluster: the learner's sbatch job, DeepSpeed
 launched three ways (srun + --no_ssh, --launcher slurm without and with PMIx, --launcher openmpi), the crash and
-drained-node drills, the time-limit drill (its job queued at the start runs beside the others and ends 60-90 s after it
+drained-node drills, a preempted training job that saves a DeepSpeed checkpoint, requeues itself and resumes, the
+time-limit drill (its job queued at the start runs beside the others and ends 60-90 s after it
 started), and nothing of the cluster left afterwards, nor any file outside the build folder."""
 import time
 
@@ -8,7 +9,7 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.common.record import as_records
-from course_utils.common.records.slurm import SlurmRank
+from course_utils.common.records.slurm import PreemptRun, SlurmRank
 from course_utils.kernel.launch import slurm
 from test_slurm import outside_build
 
@@ -60,6 +61,20 @@ def test_deepspeed_under_slurm_three_ways_and_the_drills():
     assert m["crash_exit_code"] != 0 and m["crash_first_failing_rank"] == 1
     assert "n2: task 1: Exited with exit code 1" in m["crash_srun_line"]
     assert "ReqNodeNotAvail" in m["drained_pending_reason"]
+    # the preempted job: both ranks caught USR1 and saved after the same step, the batch script requeued the job, and
+    # its second run resumed at the next step with the loss the first run took for that step after its save
+    preempt = m["preempt"]
+    runs = as_records(preempt["runs"], PreemptRun)
+    first, again = [r for r in runs if r.restart == 0], [r for r in runs if r.restart == 1]
+    assert len(first) == len(again) == 2 and all(r.caught and r.world_size == 2 for r in first)
+    saved = {r.saved_after for r in first}
+    assert len(saved) == 1 and min(saved) >= 1 and {r.resumed_at for r in again} == {min(saved) + 1}
+    assert first[0].steps + again[0].steps == list(range(1, 9)) and not any(r.caught for r in again)
+    assert abs(preempt["resumed_loss"] - preempt["uninterrupted_loss"]) <= 1e-6
+    assert preempt["resumed_loss"] != first[0].losses[-1]           # a real next step, not the last one again
+    assert preempt["job_state"] == "COMPLETED" and preempt["restarts"] == 1 and 5 <= preempt["requeue_wait_s"] < 60
+    assert not preempt["queue_left"] and not preempt["processes_left"]
+    assert "USR1 caught; checkpoint saved after step" in preempt["output"] and ": requeue" in preempt["output"]
     assert m["slurm_timeout_state"] == "TIMEOUT" and m["slurm_timeout_completion"] == "TIMEOUT"   # slurmctld ended it
     assert not slurm.leftovers()
     assert not outside_build(since), f"Slurm, munge, PMIx or Open MPI wrote outside the build folder: {outside_build(since)}"

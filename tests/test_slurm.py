@@ -60,7 +60,7 @@ def test_config_keeps_every_path_in_the_clusters_folder(tmp_path):
     for key in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmdPidFile", "SlurmctldLogFile",
                 "SlurmdLogFile", "JobCompLoc"):
         assert lines[key].startswith(str(tmp_path)), key
-    assert lines["AuthInfo"] == f"socket={tmp_path / 'munge.socket'}" and lines["SlurmctldPort"] == "7001"
+    assert lines["AuthInfo"] == f"socket={tmp_path / 'munge.socket'},cred_expire=5" and lines["SlurmctldPort"] == "7001"
     assert lines["ProctrackType"] == "proctrack/linuxproc" and lines["TaskPlugin"] == "task/none"
     text = conf.read_text()
     assert "NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=127.0.0.1 Port=7002 CPUs=4" in text and "cgroup" not in text

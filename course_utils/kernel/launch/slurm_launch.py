@@ -28,7 +28,8 @@ from course_utils.common.record import read_as, read_records
 from course_utils.common.records.slurm import SlurmRank
 from course_utils.kernel.launch.commands import deepspeed_cli, free_port, new_run_dir, resolve_script, write_hostfile
 from course_utils.kernel.launch.environment import rank_environment
-from course_utils.kernel.launch.processes import die_with_parent, end_run_processes, kill_group, release_shm_buffers
+from course_utils.kernel.launch.processes import (die_with_parent, end_run_processes, kill_group, release_shm_buffers,
+    run_processes)
 from course_utils.kernel.launch.slurm import SlurmCluster, why_not
 from course_utils.kernel.launch.streams import LearnerFilter
 
@@ -207,8 +208,8 @@ def learner_lines(output: str, limit: int = 40) -> str:
     """What teaches in the output of a launch or a job: the ranks' lines, errors and Slurm's messages, not
     DeepSpeed's INFO and WARNING lines, Python's warnings, or the chatter the runner hides (:data:`.streams.CHATTER`)."""
     chatter = LearnerFilter()
-    keep = [ln for ln in output.splitlines() if ln.strip() and "[INFO]" not in ln and "[WARNING]" not in ln
-            and "Warning" not in ln and chatter.shows(f"[output] {ln}")]
+    keep = [ln for ln in output.splitlines() if chatter.shows(f"[output] {ln}") and ln.strip() and "[INFO]" not in ln
+            and "[WARNING]" not in ln and "Warning" not in ln]     # every line through the filter: it drops a warning's source line
     return "\n".join(keep[-limit:])
 
 
@@ -269,3 +270,69 @@ def submit(cluster: SlurmCluster, text: str, *sbatch_args: str, name: str = "sba
     done = cluster.command("sbatch", "--parsable", f"--output={run_dir / 'job.out'}", f"--chdir={paths.ROOT}",
                            *sbatch_args, str(path), env=env)
     return BatchJob(job_id=done.stdout.strip().split(";")[0], run_dir=run_dir, script=path, port=port)
+
+
+def preempt_script(deepspeed: str, script: str, *script_args: Any, signal_seconds: int = 90) -> str:
+    """A batch script for a job that survives preemption: :func:`batch_script`'s launch of ``script`` with
+    ``--checkpoint $COURSE_RUN_DIR/checkpoint``, plus ``--requeue`` (the job may go back to the queue), ``--signal``
+    (SIGUSR1 to every process of its steps ``signal_seconds`` before the time limit) and ``--open-mode=append`` (a
+    requeued run appends to the output files, which Slurm otherwise truncates). Each node's shell ignores USR1 before it
+    starts DeepSpeed's launcher, which would die of it (it handles only SIGINT and SIGTERM); the ranks inherit that,
+    and the script installs its own handler. When the ranks leave ``preempted`` beside their checkpoint, the batch
+    script requeues the job: the same script runs again from its first line, ``SLURM_RESTART_COUNT`` one higher."""
+    target = shlex.join([script, *(str(a) for a in script_args)])
+    return f"""#!/bin/bash
+#SBATCH --job-name=ds-preempt
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=00:10:00
+#SBATCH --requeue
+#SBATCH --signal=USR1@{signal_seconds}
+#SBATCH --open-mode=append
+echo "run ${{SLURM_RESTART_COUNT:-0}} of job $SLURM_JOB_ID on $SLURM_JOB_NODELIST"
+hostfile="$COURSE_RUN_DIR/hostfile" checkpoint="$COURSE_RUN_DIR/checkpoint"
+scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=1/' > "$hostfile"
+first=$(head -n 1 "$hostfile" | cut -d' ' -f1)
+master=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+srun --kill-on-bad-exit=1 bash -c \\
+  "trap '' USR1; exec {deepspeed} --hostfile $hostfile --no_ssh --node_rank=\\$SLURM_NODEID --master_addr $master --master_port $COURSE_MASTER_PORT {target} --checkpoint $checkpoint"
+if [ -f "$checkpoint/preempted" ]; then
+  echo "run ${{SLURM_RESTART_COUNT:-0}}: stopped after step $(cat "$checkpoint/preempted"), saved: requeue"
+  rm "$checkpoint/preempted"
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+"""
+
+
+def signal_job(cluster: SlurmCluster, job: BatchJob, after: str, signal: str = "USR1", timeout: float = 90.0) -> float:
+    """Once ``after`` appears in the job's output (``job.out``), send ``signal`` to every process of its steps, as
+    ``sbatch --signal`` does before the time limit (``scancel --signal``, without ``--batch``: not to the batch shell);
+    the time it was sent. ``TimeoutError`` (the job cancelled) when the line has not come within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while after not in job.outputs().get("job.out", ""):
+        if time.monotonic() > deadline:
+            cluster.command("scancel", job.job_id, check=False)
+            raise TimeoutError(f"job {job.job_id} did not print {after!r} within {timeout:.0f} s: cancelled")
+        time.sleep(0.1)
+    cluster.command("scancel", f"--signal={signal}", job.job_id)
+    return time.time()
+
+
+def left_of(job: BatchJob, wait: float = 10.0) -> list[str]:
+    """``name pid`` of the processes of ``job`` (its run folder in their environment or command line) still alive
+    after up to ``wait`` seconds — a job's ``slurmstepd`` takes a moment to end its tasks; then ends any of them."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = [f"{p.name()} {p.pid}" for p in run_processes(job.run_dir) if _alive(p)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    end_run_processes(job.run_dir)
+    return left
+
+
+def _alive(p) -> bool:
+    try:
+        return p.status() != "zombie"
+    except Exception:       # noqa: BLE001 - gone while being looked at
+        return False

@@ -60,7 +60,9 @@ def write_config(folder: Path, ports: dict[str, int], nodes: tuple[str, ...], cp
         f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
         f"SlurmctldPort={ports['slurmctld']}",
         "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={folder / 'munge.socket'}",
+        "AuthType=auth/munge", "CredType=cred/munge",
+        # cred_expire: a requeued job waits this long + 1 s before it may start again (default 120 s; 5 is the least)
+        f"AuthInfo=socket={folder / 'munge.socket'},cred_expire=5",
         f"StateSaveLocation={folder / 'state'}",
         f"SlurmdSpoolDir={folder / 'spool'}/%n",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
@@ -70,6 +72,7 @@ def write_config(folder: Path, ports: dict[str, int], nodes: tuple[str, ...], cp
         "JobCompType=jobcomp/filetxt", f"JobCompLoc={folder / 'jobcomp.txt'}",
         "MpiDefault=none", "SwitchType=switch/none",
         "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+        "SchedulerParameters=sched_interval=1,bf_interval=1",      # the queue looked at every second (defaults 60 s, 30 s)
         "SlurmdParameters=config_overrides", "ReturnToService=2",
         "OverTimeLimit=0", "KillWait=2", "MinJobAge=600", "InactiveLimit=0", "MessageTimeout=10",
         "SlurmctldDebug=info", "SlurmdDebug=info",
