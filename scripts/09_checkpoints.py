@@ -6,9 +6,11 @@ Modes (one launch each):
           it (<out>/fp32/stage<N>_live.safetensors) to compare conversions with. The ZeRO-3 engines try
           save_16bit_model (<out>/<dtype>/stage3_16bit_on), and an fp32 one with
           stage3_gather_16bit_weights_on_model_save off; --trainer_save also has the HF Trainer save a
-          ZeRO-3 model with that option on and off (<out>/trainer/gather_on, gather_off).
+          ZeRO-3 model with that option on and off (<out>/trainer/gather_on, gather_off); --large_zero3 also
+          saves a ZeRO-3 checkpoint of a bigger GPT-2 (<out>/large/stage3), for the conversion under a memory limit.
   train   train to --steps, saving a checkpoint at each --save_at step; --load resumes from a
-          checkpoint first (--universal: from a universal checkpoint, on any number of ranks), with
+          checkpoint first (--universal: from a universal checkpoint, on any number of ranks; --plain_tag: first try
+          a plain load_checkpoint of that ZeRO checkpoint on this number of ranks, and record DeepSpeed's refusal), with
           resume() from the file --resume_file names (notebook 09's exercise) or, without one, course_resume.
           Records the loss of every step, and the logits of a fixed batch at the end.
 
@@ -121,6 +123,34 @@ def layout(args, base: dict, out: Path, device: str) -> None:
     record("model_numel", sum(p.ds_numel for p in engine.module.parameters()))
     if args.trainer_save:
         trainer_saves(out / "trainer")
+    if args.large_zero3:
+        large_zero3(base, out / "large" / "stage3", device)
+
+
+def large_zero3(base: dict, out: Path, device: str) -> None:
+    """A ZeRO-3 checkpoint of ``tiny_gpt2("zero_lab")`` (~13.8 M parameters, 55 MB of fp32 weights): big enough that
+    converting it takes memory worth a limit, small enough to save in a second."""
+    model = tiny_gpt2("zero_lab", seed=0)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=engine_config(base, 3))
+    train_step(engine, 0, device)
+    engine.save_checkpoint(str(out), client_state={"step": 1})
+    record("large_numel", sum(p.ds_numel for p in engine.module.parameters()))
+    rank0_print(f"ZeRO-3 checkpoint of a {sum(p.ds_numel for p in engine.module.parameters()) / 1e6:.1f} M-parameter "
+                f"GPT-2 saved to {out}")
+
+
+def plain_load_refused(base: dict, folder: str, tag: str) -> None:
+    """Try a plain ``load_checkpoint`` of ZeRO checkpoint ``tag`` on this launch's number of ranks and record how
+    DeepSpeed refuses it (``_load_zero_checkpoint`` in runtime/engine.py), as Python would print its last line."""
+    engine = engine_for(engine_config(base, base["zero_optimization"]["stage"]))
+    try:
+        engine.load_checkpoint(folder, tag=tag)
+    except Exception as err:     # the refusal is the lesson: keep it, then resume the way that works
+        said = f"{type(err).__module__}.{type(err).__name__}: {err}"
+        record("plain_load_error", said)
+        rank0_print(f"plain load_checkpoint({tag}) on {dist.get_world_size()} rank(s) failed:\n{said}")
+        return
+    record("plain_load_error", "")
 
 
 def trainer_saves(out: Path) -> None:
@@ -168,6 +198,8 @@ def course_resume(engine, folder: str, tag: str | None) -> int:
 
 def train(args, base: dict, out: Path, device: str) -> None:
     """Train to --steps (resuming from --load first), saving at --save_at; record losses and final logits."""
+    if args.plain_tag:
+        plain_load_refused(base, args.load, args.plain_tag)
     engine = engine_for(engine_config(base, base["zero_optimization"]["stage"], args.universal))
     resume, whose = course_resume, "course"
     if args.resume_file:                 # the learner's resume(engine, folder, tag), exported from the notebook
@@ -206,12 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", default=None, help="checkpoint folder to resume from")
     parser.add_argument("--tag", default=None, help="which checkpoint of --load (default: the one named in `latest`)")
     parser.add_argument("--universal", action="store_true", help="--load names a universal checkpoint")
+    parser.add_argument("--plain_tag", default=None,
+                        help="first try a plain load_checkpoint of this ZeRO checkpoint of --load, and record the error")
     parser.add_argument("--resume_file", default=None,
                         help="a file defining resume(engine, folder, tag) -> first step, used instead of course_resume")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
                         help="layout: the precisions to save checkpoints in")
     parser.add_argument("--trainer_save", action="store_true",
                         help="layout: also save a ZeRO-3 model through the HF Trainer, gather option on and off")
+    parser.add_argument("--large_zero3", action="store_true",
+                        help="layout: also save a ZeRO-3 checkpoint of a bigger GPT-2 (<out>/large/stage3)")
     return parser
 
 

@@ -3,6 +3,7 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.kernel import hardware
+from course_utils.kernel.launch import memcap
 
 NAME = "09_checkpoints_and_conversion"
 pytestmark = pytest.mark.notebook
@@ -32,6 +33,38 @@ def test_notebook_runs_and_records_its_figures():
     assert refused and all("optim_states" in f for f in refused), m["weights_only"]
     check_file_names_per_stage_and_precision(m, procs)
     check_zero3_state_dict_and_16bit_saves(m)
+    check_plain_load_on_another_world_size(m, procs)
+    check_conversion_under_a_memory_limit(m)
+
+
+def check_plain_load_on_another_world_size(m: dict, procs: int) -> None:
+    """Launch U first tries a plain load_checkpoint of run A's ZeRO-2 checkpoint on its own number of ranks:
+    DeepSpeed's _load_zero_checkpoint (runtime/engine.py) refuses; the universal checkpoint then resumes."""
+    universal = max(1, procs // 2)
+    if universal == procs:
+        assert m["plain_load_error"] == ""
+        return
+    assert m["plain_load_error"] == (
+        f"deepspeed.runtime.zero.utils.ZeRORuntimeException: The checkpoint being loaded used a DP world size of {procs} "
+        f"but the current world size is {universal}. Automatic adjustment of ZeRO's optimizer state partitioning with a "
+        "new world size is not currently supported.")
+    assert m["universal_resume_world_size"] == universal and m["universal_resume_max_abs_loss_diff"] <= 1e-4
+
+
+def check_conversion_under_a_memory_limit(m: dict) -> None:
+    """The whole-model (eager) conversion is killed under the limit, the CLI's lazy sharded one fits, and the limit
+    lies between the two peaks with room on both sides."""
+    assert 13e6 < m["large_numel"] < 15e6
+    if m["convert_skipped"]:                  # no memory cgroup on this machine: the cells said so and moved on
+        assert not memcap.available()
+        return
+    assert m["convert_eager_killed"] == "zero_to_fp32 (eager) was killed by SIGKILL (exit status -9) and left no Python traceback"
+    assert m["convert_sharded_fitted"] is True and m["convert_sharded_files"] > 2     # the shards and their index
+    peaks = m["convert_peaks"]
+    eager, sharded, cap = peaks["whole model (eager)"], peaks["--max_shard_size 8MB"], m["convert_cap_mb"] * 2**20
+    assert 1.5 * sharded < cap < eager / 1.5, peaks
+    assert eager >= 4 * m["large_numel"] * 0.9, "the whole-model way holds every fp32 weight at once"
+    assert m["convert_shards_vs_whole_max_abs_diff"] == 0, "the shards hold the same weights as the whole-model file"
 
 
 def check_file_names_per_stage_and_precision(m: dict, procs: int) -> None:
