@@ -4,7 +4,8 @@
    rank, trained with plain SGD from the same weights on the same samples (of different lengths, padded), by the
    learner's loop or :func:`course_accumulate`; the loss of every optimizer step's samples before it. Then
    one optimizer step of 2 × 4 read micro-step by micro-step: is it a boundary, what ``engine.backward`` returned,
-   did ``engine.step()`` change the weights.
+   did ``engine.step()`` change the weights. Last, the accumulation loops people write by hand around an engine
+   (:data:`PITFALLS`), each from the same weights, and the update each made against updates computed by hand.
 2. Activation memory: torch's memory tracker around one forward + backward pass of the ZeRO GPT-2 per sequence
    length and micro-batch, without and with activation checkpointing (transformers' and DeepSpeed's); the step time
    each costs.
@@ -18,6 +19,7 @@ Run from a terminal:  deepspeed --num_gpus 2 scripts/11_performance.py --deepspe
 import argparse
 import statistics
 import time
+import traceback
 from pathlib import Path
 
 import deepspeed
@@ -31,8 +33,8 @@ from course_utils.rank.distributed import time_all_reduce
 from course_utils.rank.memory import model_state_bytes, tensor_inventory
 from course_utils.rank.models import count_parameters, preset, tiny_gpt2
 from course_utils.common.record import record
-from course_utils.common.records.perf import (Activation, FlopsProfile, MicroStep, ModelStates, Recompute, StepTime, Trajectory,
-                                              accumulation_config)
+from course_utils.common.records.perf import (SGD_LR, Activation, FlopsProfile, LoopUpdate, MicroStep, ModelStates, Recompute,
+                                              StepTime, Trajectory, accumulation_config)
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 ACCUMULATION = [(8, 1), (4, 2), (2, 4)]     # micro-batch per rank × accumulation steps: 8 samples per rank per step
@@ -92,6 +94,74 @@ def run_accumulation(base: dict, steps: int, loop, loop_name: str, device: str) 
         engine.step()                       # counts the micro-step; updates on the boundary only
         record(MicroStep(i, boundary, (returned / loss).item(), not torch.equal(before, weights(engine.module)),
                          engine.global_steps))
+
+
+# Accumulation loops written by hand around an engine (section 1's pitfall). Each gets micro-batch i (from 0) of a run.
+def ported(engine, optimizer, gas, i, batch):       # a plain PyTorch accumulation loop, the engine put in for the model
+    loss = engine(**batch).loss / gas
+    engine.backward(loss)
+    if (i + 1) % gas == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def divides(engine, optimizer, gas, i, batch):      # engine.step() every micro-batch, but the loss still divided
+    loss = engine(**batch).loss / gas
+    engine.backward(loss)
+    engine.step()
+
+
+def steps_every_gas(engine, optimizer, gas, i, batch):    # no division, but engine.step() where optimizer.step() was
+    loss = engine(**batch).loss
+    engine.backward(loss)
+    if (i + 1) % gas == 0:
+        engine.step()
+
+
+def zeroes(engine, optimizer, gas, i, batch):       # right, but optimizer.zero_grad() first, as plain PyTorch loops do
+    optimizer.zero_grad()
+    loss = engine(**batch).loss
+    engine.backward(loss)
+    engine.step()
+
+
+def engines_own(engine, optimizer, gas, i, batch):  # DeepSpeed's loop: the engine divides, counts and steps
+    loss = engine(**batch).loss
+    engine.backward(loss)
+    engine.step()
+
+
+PITFALLS = {"ported": (ported, 1), "divides": (divides, 1), "steps_every_gas": (steps_every_gas, 4),
+            "zeroes": (zeroes, 1), "engines_own": (engines_own, 1)}      # loop, optimizer steps' worth of micro-batches
+
+
+def run_accumulation_pitfalls(base: dict, device: str) -> None:
+    """Every loop of :data:`PITFALLS` from the same initial weights on the micro-batches of 2 × 4, with gradient
+    clipping off (an update is then the gradient times the learning rate), against two updates computed by hand from
+    the micro-batches it ran: plain SGD on the mean of their gradients, and on the last one's alone."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    micro, gas = ACCUMULATION[-1]
+    batches = [{k: v.to(device) for k, v in b.items()}
+               for step in range(gas) for b in perf.micro_batches(step, rank, world, micro, gas)]
+    grads = perf.hand_gradients(tiny_gpt2("checkpoints").to(device), batches)
+    config = {**accumulation_config(base, micro, gas), "gradient_clipping": 0.0}
+    for name, (loop, steps) in PITFALLS.items():
+        engine, optimizer, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=config)
+        start = weights(engine.module)
+        changed, error, before = [], "", start
+        try:
+            for i, batch in enumerate(batches[:steps * gas]):
+                loop(engine, optimizer, gas, i, batch)
+                after = weights(engine.module)
+                if not torch.equal(before, after):
+                    changed.append(i + 1)
+                before = after
+        except Exception:
+            error = traceback.format_exc()      # what the learner's launch would print, and end with
+        update, ran = weights(engine.module) - start, grads[:steps * gas]
+        by_hand = {"mean": -SGD_LR * sum(ran) / len(ran), "last": -SGD_LR * ran[-1]}
+        record(LoopUpdate(name, len(ran), changed, engine.global_steps, type(optimizer).__name__,
+                          {k: perf.fit(update, u) for k, u in by_hand.items()}, error))
 
 
 def run_activations(base: dict, seq_lens: list[int], batches: list[int], hidden: tuple[int, int], device: str,
@@ -188,6 +258,7 @@ def main(argv=None) -> None:
         loop, loop_name = load_exercise(args.accumulate_file, ["accumulate"])["accumulate"], "yours"
     if "accumulation" in args.parts:
         run_accumulation(base, args.accumulation_steps, loop, loop_name, device)
+        run_accumulation_pitfalls(base, device)
     if "activations" in args.parts:
         run_activations(base, args.seq_lens, args.batches, tuple(args.hidden), device, args.repeats, args.timed,
                         tuple(args.time_at) if args.time_at else None)

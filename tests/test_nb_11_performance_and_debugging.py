@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_notebook
 from course_utils.common.record import as_records
-from course_utils.common.records.perf import MicroStep
+from course_utils.common.records.perf import LoopUpdate, MicroStep
 from course_utils.rank.models import PRESETS
 from course_utils.kernel.views import perf
 
@@ -27,6 +27,19 @@ def test_notebook_runs_and_records_its_figures():
     assert [s.weights_changed for s in micro] == [False, False, False, True]
     assert all(abs(s.returned_over_loss - 0.25) < 1e-6 for s in micro)
     assert [s.global_steps for s in micro] == [0, 0, 0, 1]
+    # the accumulation loops written by hand, against updates computed by hand (factor, left over): a PyTorch loop
+    # ported as it is dies in ZeRO's step; a divided loss gives 1/4 of the update; engine.step() on every 4th
+    # micro-batch one update in 16, from the last gradient alone; zero_grad() by hand leaves the last one's; the fix
+    loops = {u.loop: u for u in as_records(m["accumulation_pitfalls"], LoopUpdate)}
+    assert m["accumulation_pitfall_error"] == "KeyError: 0" and "self.averaged_gradients[i]" in loops["ported"].error
+    assert loops["ported"].changed_after == [] and loops["ported"].global_steps == 0
+    assert loops["divides"].changed_after == [4] and loops["divides"].fits["mean"] == pytest.approx([0.25, 0], abs=1e-5)
+    assert loops["steps_every_gas"].changed_after == [16] and loops["steps_every_gas"].global_steps == 1
+    assert loops["steps_every_gas"].fits["last"] == pytest.approx([0.25, 0], abs=1e-5)
+    assert loops["zeroes"].fits["last"] == pytest.approx([0.25, 0], abs=1e-5) and loops["zeroes"].fits["mean"][1] > 0.1
+    assert loops["steps_every_gas"].fits["mean"][1] > 0.1
+    assert m["accumulation_fix_factor"] == pytest.approx(1.0, abs=1e-5) and loops["engines_own"].fits["mean"][1] < 1e-5
+    assert loops["engines_own"].changed_after == [4] and loops["engines_own"].global_steps == 1
 
     # 2 · activations follow the tokens, checkpointing keeps less of them, and both checkpointings keep the same
     act = m["activation_peak_bytes"]

@@ -2,6 +2,8 @@
 
 - :func:`micro_batches`: one optimizer step's samples, of different lengths, cut into micro-batches, so that any
   micro-batch × accumulation × ranks split of the same effective batch trains on the same samples.
+- :func:`hand_gradients` and :func:`fit`: each micro-batch's gradient by plain torch, and how an engine's update
+  compares with an update computed from them (the hand-written accumulation loops of section 1).
 - :func:`counting_batch`: the profiled engine's batches: sequences with a rule to learn, so its loss falls.
 - :func:`activation_memory`: the bytes a forward and backward pass hold, by torch's own memory tracker
   (``torch.distributed._tools.mem_tracker.MemTracker``), with or without activation checkpointing.
@@ -49,6 +51,30 @@ def sample_length(index: int, longest: int) -> int:
     import torch
 
     return int(torch.randint(2, longest + 1, (1,), generator=torch.Generator().manual_seed(10_000 + index)))
+
+
+def hand_gradients(model, batches: list[dict]) -> list:
+    """Each micro-batch's gradient of its loss at the model's weights (which it leaves unchanged), by plain torch
+    autograd, no DeepSpeed: flattened in float64, in ``model.parameters()`` order, and averaged over the ranks, as the
+    engine's all-reduce averages them."""
+    import torch
+    import torch.distributed as dist
+
+    gradients = []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        g = torch.cat([p.grad.detach().double().flatten() for p in model.parameters()])
+        dist.all_reduce(g)
+        gradients.append(g / dist.get_world_size())
+    return gradients
+
+
+def fit(update, reference) -> list[float]:
+    """``update ≈ factor × reference`` by least squares: ``[factor, |update − factor × reference| / |reference|]``
+    (the left over is 0 when the update is the reference scaled, whatever the factor)."""
+    factor = float(update @ reference / (reference @ reference))
+    return [factor, float((update - factor * reference).norm() / reference.norm())]
 
 
 def counting_batch(step: int, rank: int, micro: int, seq_len: int, vocab: int = 64):

@@ -33,6 +33,20 @@ class MicroStep(Record, name="micro_step"):
 
 
 @dataclass
+class LoopUpdate(Record, name="loop_update"):
+    """One hand-written accumulation loop, run from the course's initial weights over the first micro-batches of 2 × 4,
+    and the update it made, set against updates computed by hand with plain torch: ``fits`` maps each by-hand update's
+    name to [factor, left over] of the least-squares fit update ≈ factor × it (left over relative to its size)."""
+    loop: str
+    micro_batches: int               # how many micro-batches it ran
+    changed_after: list              # the micro-batches (counted from 1) whose call changed the weights
+    global_steps: int                # engine.global_steps at the end
+    optimizer: str                   # the class of the optimizer deepspeed.initialize returned
+    fits: dict
+    error: str = ""                  # the traceback, where the loop raised
+
+
+@dataclass
 class Activation(Record, name="activation"):
     """One forward + backward pass under torch's MemTracker (bytes by category)."""
     checkpointing: str               # off | hf | deepspeed

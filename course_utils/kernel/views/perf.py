@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from course_utils.common.record import read_as
-from course_utils.common.records.perf import Activation, FlopsProfile, Recompute, StepTime, Trajectory
+from course_utils.common.records.perf import Activation, FlopsProfile, LoopUpdate, Recompute, StepTime, Trajectory
 
 if TYPE_CHECKING:
     from course_utils.kernel.launch.result import LaunchResult
@@ -28,6 +28,26 @@ def max_abs_loss_diff(losses: dict[str, list[float]]) -> float:
     """The largest difference between any setting's loss and the first setting's, over every step."""
     first, *others = losses.values()
     return max(abs(a - b) for other in others for a, b in zip(first, other))
+
+
+def loop_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """Rank 0's hand-written accumulation loops (``LoopUpdate``), one row each: which micro-batches changed the
+    weights, the engine's step count, the update as a multiple of two updates computed by hand from the micro-batches
+    the loop ran (plain SGD on the mean of their gradients, on the last one's alone) with what the multiple leaves
+    over, and the last line of the error, where the loop raised."""
+    return [{"loop": u.loop, "micro-batches": u.micro_batches,
+             "weights changed by micro-batch": ", ".join(map(str, u.changed_after)) or "none",
+             "global_steps": u.global_steps,
+             "update ÷ mean's": round(u.fits["mean"][0], 6), "left over (mean)": u.fits["mean"][1],
+             "update ÷ last's": round(u.fits["last"][0], 6), "left over (last)": u.fits["last"][1],
+             "raised": u.error.strip().splitlines()[-1] if u.error else ""}
+            for u in read_as(records, LoopUpdate)]
+
+
+def is_multiple(fit: list[float], factor: float, tolerance: float) -> bool:
+    """Whether an update is ``factor`` × a by-hand update, to ``tolerance`` (``fit`` is one of ``LoopUpdate.fits``:
+    [factor, left over])."""
+    return abs(fit[0] - factor) <= tolerance and fit[1] <= tolerance
 
 
 # ---------------------------------------------------------------- 2 · activations
