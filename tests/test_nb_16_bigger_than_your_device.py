@@ -1,5 +1,6 @@
 """Notebook 16 executed with papermill: one rank under a memory limit, models grown until they no longer fit in four
-configurations, the NVMe one training model states of more than twice the limit; nothing left behind."""
+configurations, the NVMe one training model states of more than twice the limit; a long sequence that the limit ends
+under ZeRO-3 + offload and that fits with activation checkpointing; nothing left behind."""
 from pathlib import Path
 
 import os
@@ -72,20 +73,26 @@ def check_real_scale(m: dict) -> None:
 def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     runs_before = set(paths.runs_dir().glob(f"*-{NAME}-*"))
     probes_before = set(paths.runs_dir().glob("*-16_this_machine-*"))
+    long_before = set(paths.runs_dir().glob("*-16_long_sequence-*"))
     m = run_notebook(NAME)
     runs = set(paths.runs_dir().glob(f"*-{NAME}-*")) - runs_before
     probes = set(paths.runs_dir().glob("*-16_this_machine-*")) - probes_before
+    long_runs = set(paths.runs_dir().glob("*-16_long_sequence-*")) - long_before
     rows = {r["configuration"]: r for r in m["configurations"]}
     assert list(rows) == ["no ZeRO", "ZeRO-2 + offload_optimizer", "ZeRO-3 + offload (CPU)", "ZeRO-3 + NVMe"]
     cap = m["cap_mb"] * MiB
     # nothing left behind, also by the launches the limit ended: cgroups, swap files, /dev/shm buffers
     # (only its own: a notebook run beside it has launches, buffers and cgroups of its own)
     launched = [r for r in [*rows.values(), m["exercise"]] if r is not None and not r["skipped"]]
-    made = [r["cgroup"] for r in launched if r["cgroup"]]
-    assert len(made) == (len(launched) if memcap.available() else 0)
+    long_sequence = m["long_sequence"]
+    made = [r["cgroup"] for r in [*launched, long_sequence] if not r["skipped"] and r["cgroup"]]
+    assert len(made) == (len(launched) + 1 if memcap.available() else 0)
     assert not [c for c in course_cgroups() if c.name in made], "the memory cgroups of its launches are removed"
     assert m["nvme_folder_left"] is False and not (paths.build_dir() / "nvme" / "16_bigger").exists()
-    assert len(runs) == len(launched) + trial_launches() and len(probes) == 1 and not shm_buffers_of(runs | probes)
+    assert len(runs) == len(launched) + trial_launches() and len(probes) == 1
+    assert len(long_runs) == (0 if long_sequence["skipped"] else 1)
+    assert not shm_buffers_of(runs | probes | long_runs)
+    check_long_sequence(long_sequence, m["is_gpu"])
     check_real_scale(m)
     if m["is_gpu"]:
         check_gpu(rows, m)
@@ -137,6 +144,36 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     assert 4 * psi <= sides["accelerator_side"] < 4.5 * psi and 16 * psi <= sides["host_side"] < 16.5 * psi
     for key, side in (("accelerator_side_mib", "accelerator_side"), ("host_side_mib", "host_side")):
         assert abs(ex["prediction"][key] * MiB - sides[side]) <= 0.1 * 16 * psi, key
+
+
+def check_long_sequence(r: dict, is_gpu: bool) -> None:
+    """Section 3's long sequence: the short pass and the long one with transformers' activation checkpointing trained
+    under the limit with room; the same long sequence without it, DeepSpeed's config section in the config, was ended
+    by the limit with the course's out-of-memory message, its forward heading well past the limit."""
+    if r["skipped"]:
+        assert not is_gpu and not memcap.available()
+        return
+    cap = r["cap_mb"] * MiB
+    assert r["statuses"] == {"short": "trained", "long, checkpointed": "trained", "long, not checkpointed": "out of memory"}
+    assert r["limit"] == ("cuda" if is_gpu else "cgroup")
+    if is_gpu:
+        assert "OutOfMemoryError" in r["error"]
+    else:
+        assert r["long"] == 2048 and r["error_first_line"] == ("Rank 0 was killed by SIGKILL (exit status -9) and left "
+                                                               "no Python traceback")
+        assert "out-of-memory killer" in r["error"]
+    passes = {p["name"]: p for p in r["passes"]}
+    assert all(p["config_section"] and not p["ds_configured"] for p in passes.values()), "the section alone did nothing"
+    assert passes["long, checkpointed"]["checkpointed_blocks"] == passes["long, checkpointed"]["blocks"] == 16
+    assert passes["short"]["checkpointed_blocks"] == passes["long, not checkpointed"]["checkpointed_blocks"] == 0
+    results = {x["name"]: x for x in r["results"]}
+    # the clear margins on both sides, measured: the checkpointed peak well under the limit, the plain forward's
+    # projected need well past it (a CPU run: 153 MiB and about 554 MiB against 352)
+    assert results["long, checkpointed"]["peak_bytes"] < 0.75 * cap < 1.25 * cap < r["forward_need"]
+    assert len(r["curves"]["long, checkpointed"]) == 16 and 2 <= len(r["curves"]["long, not checkpointed"]) < 16
+    block_input = r["long"] * 128 * (2 if is_gpu else 4)      # what a checkpointed block keeps: its input
+    assert abs(r["growth_per_block"]["long, checkpointed"] - block_input) < 0.25 * block_input
+    assert r["growth_per_block"]["long, not checkpointed"] > 10 * block_input
 
 
 def check_gpu(rows: dict, m: dict) -> None:

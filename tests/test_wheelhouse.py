@@ -240,7 +240,7 @@ def make_dry(*args: str) -> str:
 def packages_step(make_output: str) -> str:
     """The ``packages`` step of set-up in ``make -n`` output, its continued lines joined."""
     lines = make_output.splitlines()
-    start = next(i for i, line in enumerate(lines) if " step packages -- " in line)
+    start = next(i for i, line in enumerate(lines) if " step packages " in line and " -- " in line)
     end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
     return "\n".join(lines[start:end + 1])
 

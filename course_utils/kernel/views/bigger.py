@@ -104,11 +104,12 @@ def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4,
                    seconds=seconds, statuses=statuses(attempts, trials, error), cgroup=cgroup)
 
 
-def _launch(args: list, timeout: int, quiet: bool) -> tuple[list[dict], str | None, float]:
+def _launch(args: list, timeout: int, quiet: bool,
+            script: str = "16_bigger_than_your_device.py") -> tuple[list[dict], str | None, float]:
     from course_utils.kernel import launch
 
     try:
-        result = launch.deepspeed("16_bigger_than_your_device.py", *args, procs=PROCS, timeout=timeout, quiet=quiet)
+        result = launch.deepspeed(script, *args, procs=PROCS, timeout=timeout, quiet=quiet)
         return result.records, None, result.seconds
     except launch.LaunchError as err:
         return err.result.records, str(err), err.result.seconds
