@@ -254,6 +254,26 @@ def test_an_op_being_built_is_given_the_pace_its_compilers_get_now(tmp_path):
     assert opbuild.left_of_building("fused_adam", 220, 60, since, cpu=(None, 110.0)) == pytest.approx(160)
 
 
+
+def test_a_wait_counts_the_pace_the_compilers_get_now_not_since_the_op_started(tmp_path):
+    """Seen in a fresh make course: 30 s of CPU in 60 s while two notebooks ran beside said "about 3 min"; the
+    notebook that waited had freed its cores, and the op was built 25 s later. The pace now says so."""
+    since = time.time() - 60
+    assert opbuild.left_of_building("fused_adam", 55, 60, since, cpu=(30.0, 77.0), pace=1.8) == pytest.approx(26.1, abs=0.1)
+    assert opbuild.left_of_building("fused_adam", 55, 60, since, cpu=(30.0, 77.0), pace=0.0) == pytest.approx(94, abs=0.1)
+    assert opbuild.cpu_needed("fused_adam") == 77 and opbuild.cpu_needed("no_such_op") == 120
+    state = {"pid": os.getpid(), "cpu_at_start": 0.0, "building": "fused_adam", "since": since}
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 4: pass"])
+    try:
+        pace = opbuild.recent_pace(lambda: state, seconds=1.5)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert pace is not None and 0.05 < pace <= 1.2, pace     # one busy child: up to a core, however busy the machine
+    moved = iter([state, {**state, "building": "cpu_adam"}])
+    assert opbuild.recent_pace(lambda: next(moved), seconds=0.1) is None, "the build moved on: no pace to tell"
+
+
 def test_the_compilers_cpu_is_read_from_the_builders_process_tree():
     """A child that burns CPU under this process counts once it runs and once it is reaped (the builder's cutime)."""
     start = {"pid": os.getpid(), "cpu_at_start": opbuild._compiler_seconds()}

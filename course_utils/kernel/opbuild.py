@@ -75,9 +75,16 @@ def read_state(path: Path | None = None) -> dict | None:
     return state if state and _alive(int(state.get("pid", 0))) and state.get("building") else None
 
 
-def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
+def cpu_needed(key: str) -> float:
+    """About the CPU seconds op ``key``'s compilers need in all (measured; twice its idle estimate where unmeasured)."""
+    op = _ops.by_key(key)
+    return float(op.cpu_seconds or 2 * op.seconds) if op else 120.0
+
+
+def pending(names: list[str], state: dict | None, pace: float | None = None) -> list[tuple[str, float]]:
     """The ops of ``names`` the background build has still to finish, each with the seconds until it is ready
-    (the op being built: its estimate less its time so far; those after it: their estimates added on)."""
+    (the op being built: its estimate less its time so far; those after it: their estimates added on). ``pace``: the
+    CPU seconds a second its compilers get now (:func:`recent_pace`), for the op being built."""
     if state is None:
         return []
     table = {op.key: op.seconds for ops in _ops.COURSE_OPS.values() for op in ops}
@@ -87,7 +94,7 @@ def pending(names: list[str], state: dict | None) -> list[tuple[str, float]]:
         seconds = table.get(n, 60) * state.get("factor", 1.0)
         if n == state["building"]:
             seconds = left_of_building(n, seconds, time.time() - state["since"], state["since"],
-                                       cpu=(compilers_cpu(state), 2 * table.get(n, 60)))
+                                       cpu=(compilers_cpu(state), cpu_needed(n)), pace=pace)
         ahead += seconds
         if n in names:
             out.append((n, ahead))
@@ -144,13 +151,16 @@ def compilers_cpu(state: dict) -> float | None:
 
 
 def left_of_building(key: str, estimate: float, elapsed: float, since: float,
-                     cpu: tuple[float | None, float] = (None, 0.0)) -> float:
+                     cpu: tuple[float | None, float] = (None, 0.0), pace: float | None = None) -> float:
     """Seconds until the op being built is ready. ``cpu``: (CPU seconds its compilers have spent so far, about
-    what they need in all, twice the idle estimate: two files compile at once): once they have run a while, the rest
-    at the pace they get on this machine now, however busy it is. Else its estimate less its time so far; once it has
-    run past that, its own pace so far: the time per object file written, for the files still to compile and the link
-    (about one file's time), or, before any file is written, as long again."""
+    what they need in all, :func:`cpu_needed`): the rest at ``pace``, the CPU seconds a second they get now (a
+    notebook that waits has freed its cores: the pace since the op started, while two notebooks ran beside, says
+    minutes where seconds are left), else, once they have run a while, at their pace so far. Else its estimate less
+    its time so far; once it has run past that, its own pace so far: the time per object file written, for the files
+    still to compile and the link (about one file's time), or, before any file is written, as long again."""
     spent, needed = cpu
+    if spent is not None and pace and pace > 0.05 and spent < needed:
+        return max(5.0, (needed - spent) / pace)
     if spent is not None and elapsed >= 15 and spent >= 5 and spent < needed:
         return max(10.0, (needed - spent) * elapsed / spent)
     if elapsed < estimate - 10:
@@ -177,12 +187,31 @@ def wait_for(names: list[str], what: str, quiet: bool = False, poll: float = 1.0
     waits = pending(names, read())
     if not waits:
         return 0.0
-    if not quiet:
-        say(waiting_line(what, waits))
     started = time.monotonic()
+    if not quiet:
+        pace = recent_pace(read)
+        waits = pending(names, read(), pace)
+        if not waits:
+            return time.monotonic() - started
+        say(waiting_line(what, waits))
     while pending(names, read()):
         time.sleep(poll)
     return time.monotonic() - started
+
+
+def recent_pace(read: Callable[[], dict | None] = read_state, seconds: float = 2.0) -> float | None:
+    """The CPU seconds a second the background build's compilers get now, over ``seconds``; None when /proc cannot
+    tell or the build moved on to another op meanwhile."""
+    before = read()
+    first = compilers_cpu(before) if before else None
+    if first is None:
+        return None
+    time.sleep(seconds)
+    after = read()
+    if not after or after.get("building") != before.get("building") or after.get("since") != before.get("since"):
+        return None
+    second = compilers_cpu(after)
+    return None if second is None else (second - first) / seconds
 
 
 NOTEBOOK_ENV = "COURSE_NOTEBOOK"     # set by ``make course`` for each notebook's kernel

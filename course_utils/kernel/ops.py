@@ -30,6 +30,8 @@ class Op:
     seconds: int                # build time on 2 idle cores, the estimate a learner is told: half its compilers' CPU
     #                             time (two files compile at once) and a few seconds of loading (measured 2026-11-25)
     device: str = "cpu"         # the ranks that load it: CPU ranks, or GPU ranks (a CUDA build); each has its own folder
+    cpu_seconds: int = 0        # its compilers' CPU time, the most measured (fresh `make course` runs, 2026-11-25 and
+    #                             -29); 0: unknown, counted as twice ``seconds``
 
     @property
     def key(self) -> str:
@@ -38,11 +40,14 @@ class Op:
         return self.name if self.device == "cpu" else f"{self.name}-{self.device}"
 
 
-SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch on CPU ranks (DeepSpeed's CPU all-reduce)", (), 30)
-FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSpeed's Adam)", ("02+",), 55)
+SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch on CPU ranks (DeepSpeed's CPU all-reduce)", (), 30,
+         cpu_seconds=35)
+FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSpeed's Adam)", ("02+",), 55,
+                cpu_seconds=77)
 CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10 and 12 (ZeRO-Offload)",
-             ("04", "07", "08", "10", "12"), 55)
-ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185)   # with pin_memory
+             ("04", "07", "08", "10", "12"), 55, cpu_seconds=93)
+ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185,   # with pin_memory
+              cpu_seconds=387)
 
 # A background build shares the 2 cores with the two notebooks running meanwhile (each launching 2 ranks): its two
 # compilers get a third to two thirds of the machine, by what the notebooks beside do. Fresh `make course` runs on 2

@@ -203,9 +203,9 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     progress.say(f"{len(chosen)} notebooks, {lanes} at a time; each kernel's own log (outside its cells) goes to "
                  f"{paths.relative(build / 'executed')}/<notebook>.kernel.log")
 
-    def blocked(nb: Path) -> list:     # a notebook that runs alone compares timings: no compile beside it either
+    def blocked(nb: Path, pace: float | None = None) -> list:   # one that runs alone compares timings: no compile beside
         loads = ops.course_ops() if nb in alone else ops.for_script(nb.stem)
-        return opbuild.pending([op.key for op in loads], state)
+        return opbuild.pending([op.key for op in loads], state, pace)
 
     def left(running: dict) -> float:
         now = time.monotonic()
@@ -227,8 +227,8 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
                                  + (f" — alone: {alone[nb]}" if nb in alone else ""))
                     running[pool.submit(_run_one, nb, smoke)] = (nb, time.monotonic())
                 if queue and queue[0] not in told and len(running) < lanes and (waits := blocked(queue[0])):
-                    told.add(queue[0])
-                    progress.say(opbuild.waiting_line(queue[0].stem, waits))
+                    told.add(queue[0])      # its lane is free now: the compilers' pace from now on, not so far
+                    progress.say(opbuild.waiting_line(queue[0].stem, blocked(queue[0], opbuild.recent_pace()) or waits))
                 bar.tick(left(running))
                 if not running:
                     time.sleep(1)
