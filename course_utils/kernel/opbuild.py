@@ -92,6 +92,8 @@ def pending(names: list[str], state: dict | None, pace: float | None = None) -> 
     out, ahead = [], 0.0
     for n in queue:
         seconds = table.get(n, 60) * state.get("factor", 1.0)
+        if pace is not None:         # a notebook waits: its cores are free for the compilers, two files at a time
+            seconds = cpu_needed(n) / min(2, os.cpu_count() or 1)
         if n == state["building"]:
             seconds = left_of_building(n, seconds, time.time() - state["since"], state["since"],
                                        cpu=(compilers_cpu(state), cpu_needed(n)), pace=pace)
@@ -155,12 +157,19 @@ def left_of_building(key: str, estimate: float, elapsed: float, since: float,
     """Seconds until the op being built is ready. ``cpu``: (CPU seconds its compilers have spent so far, about
     what they need in all, :func:`cpu_needed`): the rest at ``pace``, the CPU seconds a second they get now (a
     notebook that waits has freed its cores: the pace since the op started, while two notebooks ran beside, says
-    minutes where seconds are left), else, once they have run a while, at their pace so far. Else its estimate less
+    minutes where seconds are left; an op started less than 10 s ago is still loading torch's build tools, so the
+    rest at two cores, the two files ninja compiles at once, stands in), else, once they have run a while, at their
+    pace so far. Else its estimate less
     its time so far; once it has run past that, its own pace so far: the time per object file written, for the files
     still to compile and the link (about one file's time), or, before any file is written, as long again."""
     spent, needed = cpu
-    if spent is not None and pace and pace > 0.05 and spent < needed:
-        return max(5.0, (needed - spent) / pace)
+    if spent is not None and pace is not None:
+        if spent >= needed:           # past what it was measured to need: its link and load are left
+            return 10.0
+        if elapsed < 10:
+            return max(5.0, (needed - spent) / min(2, os.cpu_count() or 1))
+        if pace > 0.05:
+            return max(5.0, (needed - spent) / pace)
     if spent is not None and elapsed >= 15 and spent >= 5 and spent < needed:
         return max(10.0, (needed - spent) * elapsed / spent)
     if elapsed < estimate - 10:

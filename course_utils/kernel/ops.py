@@ -41,7 +41,7 @@ class Op:
 
 
 SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch on CPU ranks (DeepSpeed's CPU all-reduce)", (), 30,
-         cpu_seconds=35)
+         cpu_seconds=45)
 FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSpeed's Adam)", ("02+",), 55,
                 cpu_seconds=77)
 CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10 and 12 (ZeRO-Offload)",
