@@ -181,3 +181,22 @@ def test_a_job_over_its_time_limit_ends_in_timeout():
         assert cluster.completion(job.job_id).get("JobState") == "TIMEOUT"
         folder = cluster.folder
     assert not _gone(folder) and not slurm.leftovers()
+
+
+def test_a_nodes_job_step_is_the_clusters_though_its_command_line_names_no_folder(tmp_path):
+    """slurmstepd carries its node's etc/<node>/slurm.conf and a command line like "slurmstepd: [1.0]": the
+    watchdog of a cluster whose starter died must still find and end it (seen left running after a killed test)."""
+    folder = tmp_path / "cluster-1-abcdef"
+    step = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={"SLURM_CONF": str(folder / "etc" / "n1" / "slurm.conf")})
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={"SLURM_CONF": str(tmp_path / "cluster-1-abcdefg" / "slurm.conf")})
+    try:
+        assert step.pid in slurm.cluster_pids(folder)
+        assert other.pid not in slurm.cluster_pids(folder), "another cluster's process is not this one's"
+        slurm.end_cluster(folder, grace=1)
+        assert step.wait(timeout=10) is not None and other.poll() is None
+    finally:
+        for p in (step, other):
+            p.kill()
+            p.wait()

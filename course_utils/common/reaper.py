@@ -60,10 +60,14 @@ def in_groups(groups: Iterable[int]) -> list[int]:
     return [pid for pid in _pids() if _runs(s := _stat(pid)) and s[2] in wanted] if wanted else []
 
 
-def marked(setting: str, in_command_line: str | None = None) -> list[int]:
-    """The live processes whose environment holds ``setting`` (``NAME=value``, exactly), or whose command line
-    holds ``in_command_line`` (default: ``setting`` itself)."""
+def marked(setting: str, in_command_line: str | None = None, prefix: bool = False) -> list[int]:
+    """The live processes whose environment holds ``setting`` (``NAME=value``, exactly; with ``prefix``, a value
+    that starts with it), or whose command line holds ``in_command_line`` (default: ``setting`` itself)."""
     env_mark, line_mark, found = setting.encode(), (in_command_line or setting).encode(), []
+
+    def in_environment(entries: list[bytes]) -> bool:
+        return any(e.startswith(env_mark) for e in entries) if prefix else env_mark in entries
+
     for pid in _pids():
         for part in ("environ", "cmdline"):
             try:
@@ -71,7 +75,7 @@ def marked(setting: str, in_command_line: str | None = None) -> list[int]:
                     text = f.read()
             except OSError:
                 continue
-            if (env_mark in text.split(b"\0")) if part == "environ" else (line_mark in text):
+            if in_environment(text.split(b"\0")) if part == "environ" else (line_mark in text):
                 if alive(pid):
                     found.append(pid)
                 break

@@ -241,8 +241,9 @@ def _until(ready, cluster: SlurmCluster, what: str, timeout: float) -> None:
 
 def cluster_pids(folder: Path) -> list[int]:
     """Live processes of the cluster in ``folder``: the daemons (its path on their command line) and whatever
-    carries its ``slurm.conf`` in ``SLURM_CONF`` (job steps, their tasks, Slurm commands)."""
-    return reaper.marked(f"SLURM_CONF={folder / 'slurm.conf'}", str(folder))
+    carries one of its ``slurm.conf`` files in ``SLURM_CONF`` (job steps, their tasks, Slurm commands; a node's
+    slurmstepd carries that node's ``etc/<node>/slurm.conf``, and its command line names no folder)."""
+    return reaper.marked(f"SLURM_CONF={folder}/", str(folder), prefix=True)
 
 
 def cluster_processes(folder: Path) -> list[psutil.Process]:
