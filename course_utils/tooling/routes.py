@@ -24,7 +24,7 @@ from course_utils.tooling import study_time
 MANIFEST = paths.NOTEBOOKS / "manifest.toml"
 BEGIN = "<!-- paths table: written by `python -m course_utils.tooling.tables --write` from notebooks/manifest.toml -->"
 END = "<!-- end of paths table -->"
-_SECTION = re.compile(r"^## (\d+) ·", re.M)
+SECTION = re.compile(r"^## (\d+) · ?(.*)$", re.M)   # a numbered section's heading: number, title
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _sections_of(notebook: Path) -> list[tuple[int | None, list]]:
     nb = nbformat.read(str(notebook), as_version=4)
     groups: list[tuple[int | None, list]] = [(None, [])]
     for cell in nb.cells:
-        m = _SECTION.search(cell.source) if cell.cell_type == "markdown" else None
+        m = SECTION.search(cell.source) if cell.cell_type == "markdown" else None
         if m:
             groups.append((int(m[1]), []))
         elif cell.cell_type == "markdown" and re.search(r"^## Recap", cell.source, re.M):

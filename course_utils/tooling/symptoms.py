@@ -9,7 +9,6 @@ exist, no message twice).
 """
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,10 @@ from pathlib import Path
 import nbformat
 
 from course_utils.common import paths
+from course_utils.tooling import routes
 
 INDEX = paths.NOTEBOOKS / "appendix" / "symptoms.toml"
 PAGE = paths.NOTEBOOKS / "appendix" / "symptom_index.md"
-_SECTION = re.compile(r"^## (\d+) · (.+)$", re.M)
 _FIELDS = {"message", "notebook", "section", "cause", "fix"}
 _OPTIONAL = {"searched", "needs"}
 # What a notebook needs of the machine to show a message (it explains and skips without it): how to ask.
@@ -54,14 +53,13 @@ def load(path: Path = INDEX) -> list[Symptom]:
 
 
 def notebook_path(number: str, notebooks: Path = paths.NOTEBOOKS) -> Path | None:
-    found = sorted(notebooks.glob(f"{number}_*.ipynb"))
-    return found[0] if len(found) == 1 else None
+    return routes.Step(number).notebook(notebooks)
 
 
 def section_titles(notebook: Path) -> dict[int, str]:
     nb = nbformat.read(str(notebook), as_version=4)
-    return {int(m.group(1)): m.group(2).strip() for c in nb.cells if c.cell_type == "markdown"
-            for m in _SECTION.finditer(c.source)}
+    return {int(m[1]): m[2].strip() for c in nb.cells if c.cell_type == "markdown"
+            for m in routes.SECTION.finditer(c.source)}
 
 
 def problems(path: Path = INDEX, notebooks: Path = paths.NOTEBOOKS) -> list[str]:
