@@ -5,7 +5,9 @@ into the memory cgroup whose ``cgroup.procs`` file the notebook passes (``--cgro
 set) and allocates 32 MiB blocks, printing how much it holds, as a model or a batch too big for the machine would,
 until the kernel kills it with SIGKILL. No Python code runs after that: no traceback, no exception, exit status -9.
 The other ranks wait outside any collective, so the launcher sees the killed rank's status first and the lesson
-comes out the same every run. (In real training they would be waiting in a collective and fail at once with
+comes out the same every run. Which rank that was, the launcher's line does not say (it shows the command of the last
+rank it started): the cgroup counts its out-of-memory kills, and ``join_memory_cgroup`` leaves the runner a note of
+the cgroup this rank joined. (In real training they would be waiting in a collective and fail at once with
 "Connection closed by peer"; the runner then still names the rank that vanished without a traceback.)
 
 Run from a terminal (as root, after making a cgroup):  deepspeed --num_gpus 2 scripts/05_out_of_memory.py --cgroup_procs ...
@@ -18,6 +20,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+from course_utils.common.run_folder import join_memory_cgroup
 from course_utils.rank.scaffolding import finish, parse_args
 
 BLOCK_MIB = 32
@@ -39,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.all_reduce(total)
     print(f"rank {rank}: all_reduce gave {total.item():.0f}; pid {os.getpid()}", flush=True)
     if rank == args.capped_rank:
-        with open(args.cgroup_procs, "w") as f:
-            f.write(str(os.getpid()))
+        join_memory_cgroup(args.cgroup_procs)     # writes this pid into cgroup.procs
         held = []
         while len(held) * BLOCK_MIB < args.max_mib:
             held.append(torch.ones(BLOCK_MIB * 2**20 // 4))     # touched, so really resident

@@ -178,3 +178,18 @@ def test_a_watchdog_acts_when_its_starter_dies_before_the_watchdog_is_ready(tmp_
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marker.is_dir(), "the watchdog did not act on its starter's death"
+
+
+def test_the_rank_that_aborts_is_the_one_reported_and_its_peer_keeps_its_traceback():
+    """Rank 1 aborts while rank 0 waits for it in an all_reduce: rank 0 dies of a lost connection within the same
+    second. DeepSpeed's launcher looks at its ranks once a second and reports the first it finds ended, so without
+    the rank hook's wait it reported rank 0's status (1) in 2 of 12 launches; with it, rank 1's (-6) in 20 of 20.
+    The course names rank 1 (the line the launcher prints shows the last rank it started, whichever failed)."""
+    with pytest.raises(launch.LaunchError) as caught:
+        launch.deepspeed(SCRIPTS / "one_rank_aborts.py", procs=2, timeout=120, quiet=True)
+    result = caught.value.result
+    assert "exits with return code = -6" in result.log, result.log
+    assert str(caught.value).startswith("Rank 1 was killed by SIGABRT (exit status -6)"), str(caught.value)
+    assert "Connection reset by peer" in result.rank_logs[0] or "Connection closed by peer" in result.rank_logs[0]
+    assert result.returncode == 256 - 6
+    assert not processes_of(result.run_dir)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from course_utils.common import run_folder
 from course_utils.kernel.launch import failures
 from course_utils.kernel.launch.result import LaunchResult
 from course_utils.kernel.launch.streams import LearnerFilter
@@ -98,8 +99,15 @@ KILLED = ("[launcher] [2026-11-25 09:02:52,648] [ERROR] [launch.py:259:sigkill_h
 
 
 def test_a_rank_killed_by_a_signal_is_named_with_its_likely_cause(tmp_path):
+    """The launcher's line shows the last rank it started whichever rank failed: the rank is the one that left no
+    record (rank 0 recorded its lost connection), and none is named when two left none."""
     result = fabricated_result(tmp_path)
-    result.log += "\n" + KILLED.format(code=-9)
+    result.log += "\n" + KILLED.format(code=-9).replace("--local_rank=1", "--local_rank=0")
+    message = failures.failure_message(result, timed_out=False, timeout=60)
+    assert message.startswith("One of ranks 0, 1 was killed by SIGKILL (exit status -9)")
+    (tmp_path / "failures").mkdir()
+    (tmp_path / "failures" / "rank0.json").write_text(json.dumps(
+        {"rank": "0", "time": 1.0, "error": "RuntimeError", "traceback": "RuntimeError: Connection closed by peer [x]"}))
     message = failures.failure_message(result, timed_out=False, timeout=60)
     assert message.startswith("Rank 1 was killed by SIGKILL (exit status -9)") and "out-of-memory killer" in message
     assert failures.killed_rank(KILLED.format(code=1)) is None          # an exception's exit status is not a signal
@@ -128,3 +136,30 @@ def test_hidden_note(tmp_path):
 
 
 # --- single tools ---
+
+
+def test_the_rank_its_memory_cgroup_saw_killed_is_named(tmp_path, monkeypatch):
+    """Two ranks left no record (the launcher ended the other one): the memory cgroup that counted an out-of-memory
+    kill names the rank, whichever rank the launcher's line shows."""
+    from course_utils.kernel.launch import memcap
+
+    groups = {name: tmp_path / name for name in ("g0", "g1")}
+    for name, kills in (("g0", 0), ("g1", 1)):
+        groups[name].mkdir()
+        (groups[name] / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n")
+    (groups["g1"] / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
+    assert [memcap.oom_kills(groups[n]) for n in ("g0", "g1")] == [0, 2]    # v2's file first, else v1's
+    assert memcap.oom_kills(tmp_path / "gone") == 0
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setenv("COURSE_RUN_DIR", str(run))
+    for rank, name in ((0, "g0"), (1, "g1")):
+        monkeypatch.setenv("RANK", str(rank))
+        (groups[name] / "cgroup.procs").write_text("")
+        run_folder.join_memory_cgroup(groups[name] / "cgroup.procs")
+    assert run_folder.memory_cgroups(run) == {0: groups["g0"], 1: groups["g1"]}
+    result = fabricated_result(run)
+    result.log += "\n" + KILLED.format(code=-9).replace("--local_rank=1", "--local_rank=0")
+    message = failures.failure_message(result, timed_out=False, timeout=60)
+    assert message.startswith("Rank 1 was killed by SIGKILL (exit status -9) and left no Python traceback: the "
+                              "kernel's out-of-memory killer, which its memory cgroup counted."), message

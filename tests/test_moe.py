@@ -119,7 +119,10 @@ def test_a_launch_that_failed_is_not_reported_as_finished(tmp_path):
                                          world_size=2)).startswith("✔ 2 ranks finished")
     log = ("[launcher] [ERROR] [launch.py:259:sigkill_handler] ['/x/python', '-u', 'scripts/15_moe_zero3.py', "
            "'--local_rank=1', '--steps', '6'] exits with return code = -6")
-    assert views.launcher_exit(log) == (1, -6) and views.launcher_exit("all well") is None
+    assert views.launcher_exit(log) == -6 and views.launcher_exit("all well") is None
+    aborted = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail"
+    assert views.native_aborts({0: "Connection reset by peer", 1: aborted}) == {
+        1: "terminate called after throwing an instance of 'gloo::EnforceNotMet'"}
 
 
 def test_the_zero3_table_takes_a_run_rank_0_did_not_live_to_record_from_another_rank():

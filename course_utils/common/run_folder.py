@@ -10,6 +10,7 @@ rank hook (``rank_hook/sitecustomize.py``), the runner and the failure reader al
     failures/rank<N>.json   a rank's uncaught exception, with its time (the rank hook)
     stacks/rank<N>-<pid>.txt each rank's faulthandler file, written on SIGUSR1 (the rank hook)
     configs/<n>.json        each DeepSpeed config rank 0's DeepSpeedConfig read, once per distinct config (the rank hook)
+    memory_limits/rank<N>   the memory cgroup a rank moved itself into (join_memory_cgroup)
     scratch/                folders nobody reads afterwards (scaffolding.scratch_dir)
 
 Standard library only: the rank hook imports it at every process's start.
@@ -31,6 +32,7 @@ FAILURES = "failures"
 STACKS = "stacks"
 SCRATCH = "scratch"
 CONFIGS = "configs"
+MEMORY_LIMITS = "memory_limits"
 _FALLBACK = "course-outside-a-launch"
 
 
@@ -102,6 +104,29 @@ def finished_ranks(run_dir: Path) -> set[int]:
 def failed_ranks(run_dir: Path) -> set[int]:
     """The ranks that left a failure record."""
     return _ranks_in(Path(run_dir) / FAILURES)
+
+
+def join_memory_cgroup(procs: str | Path) -> None:
+    """Move this process into the memory cgroup whose ``cgroup.procs`` file is ``procs`` and, in a launch, leave a
+    mark naming that cgroup: DeepSpeed's launcher does not say which rank a signal killed, the cgroup's own count of
+    out-of-memory kills does (:func:`course_utils.kernel.launch.failures.failure_message` reads it)."""
+    Path(procs).write_text(str(os.getpid()))
+    run_dir, rank = current(), os.environ.get("RANK")
+    if run_dir is None or rank is None:
+        return
+    try:
+        mark = Path(run_dir) / MEMORY_LIMITS / f"rank{rank}"
+        mark.parent.mkdir(exist_ok=True)
+        mark.write_text(str(Path(procs).parent))
+    except OSError:
+        pass
+
+
+def memory_cgroups(run_dir: Path) -> dict[int, Path]:
+    """rank → the memory cgroup folder it joined (:func:`join_memory_cgroup`)."""
+    folder = Path(run_dir) / MEMORY_LIMITS
+    return {int(m[1]): Path(p.read_text().strip()) for p in sorted(folder.glob("rank*"))
+            if (m := re.fullmatch(r"rank(\d+)", p.name))}
 
 
 def mark_finished(rank: int | str | None = None) -> None:

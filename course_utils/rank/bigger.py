@@ -18,13 +18,13 @@ DeepSpeed placed it on, the swap files), then freed before the next one.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
+from course_utils.common import run_folder
 from course_utils.rank.perf import busy_seconds     # imported with psutil before the rank joins its limit
 from course_utils.common.records.bigger import (CONFIGURATIONS, HEADS, LR, MICRO_BATCH, POSITIONS, SEQ_LEN, SIZES,
     VOCAB, Attempt, Limit, Trial, zero_keys)
@@ -114,7 +114,7 @@ def apply_limit(cap_bytes: int, cgroup_procs: str | None) -> Limit:
         return Limit("cuda", cap_bytes, device, fraction=fraction, device_total=total)
     if kind == "cgroup":
         return_freed_memory()
-        Path(cgroup_procs).write_text(str(os.getpid()))
+        run_folder.join_memory_cgroup(cgroup_procs)
         return Limit("cgroup", cap_bytes, device, charged_after_join=charged(cgroup_procs))
     return Limit("none", cap_bytes, device, why="no memory cgroup was given to this CPU rank")
 

@@ -41,14 +41,17 @@ def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None,
     return None, ""
 
 
-# DeepSpeed's local launcher (deepspeed/launcher/launch.py, sigkill_handler) logs the first rank it finds ended
-# with a non-zero status: "[... '--local_rank=1', ...] exits with return code = -9". Negative: killed by a signal.
+# DeepSpeed's local launcher (deepspeed/launcher/launch.py, sigkill_handler) logs the status of the first rank it
+# finds ended with a non-zero status: "[... '--local_rank=1', ...] exits with return code = -9". Negative: killed by a
+# signal. The command in that line is not that rank's: it is ``cmd``, the variable its spawn loop left behind, so it
+# always shows the last rank the launcher started (:func:`oom_killed_ranks` and :func:`unaccounted_ranks`
+# find the rank another way).
 _EXITED = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+LESS_MEMORY = ("What to change: less memory per rank — a smaller micro-batch with gradient accumulation, a higher ZeRO "
+               "stage, offload, fewer ranks on this machine (notebook 05's OOM ladder)")
 SIGNAL_CAUSES = {
     9: ("SIGKILL", "with no traceback this is most often the kernel's out-of-memory killer: the machine, container or "
-        "cgroup ran out of memory (`dmesg | grep -i oom`, or the container's memory events, say which). What to change: "
-        "less memory per rank — a smaller micro-batch with gradient accumulation, a higher ZeRO stage, offload, fewer "
-        "ranks on this machine (notebook 05's OOM ladder)"),
+        "cgroup ran out of memory (`dmesg | grep -i oom`, or the container's memory events, say which). " + LESS_MEMORY),
     6: ("SIGABRT", "native code aborted (a C++ exception or assertion in torch, gloo/NCCL or a compiled op); the "
         "lines just above it in the rank's log usually say which"),
     11: ("SIGSEGV", "a crash in native code (a compiled op built for another version, or a bug in an extension)"),
@@ -57,8 +60,9 @@ SIGNAL_CAUSES = {
 
 
 def killed_rank(log: str) -> tuple[int, int, str] | None:
-    """(local rank, signal number, node) of a rank the launcher saw killed by a signal, or None. ``node`` is ""
-    for a single-machine launch, else the host whose launcher saw it."""
+    """(the local rank the launcher's line shows, signal number, node) when the launcher saw a rank killed by a
+    signal, or None. The line shows the last rank that launcher started, whichever rank it was (see above).
+    ``node`` is "" for a single-machine launch, else the host whose launcher saw it."""
     for line in log.splitlines():
         m = _EXITED.search(line)
         if m and int(m[2]) < 0:
@@ -67,11 +71,33 @@ def killed_rank(log: str) -> tuple[int, int, str] | None:
     return None
 
 
-def killed_message(rank: int, signum: int, node: str = "") -> str:
-    """Why a rank ended by signal ``signum`` without a traceback, and what to change."""
+def unaccounted_ranks(result: LaunchResult) -> list[int]:
+    """The ranks that left neither a finish mark nor a record of a Python exception: the ones a signal ended (the
+    rank hook records every exception, a peer's lost connection included, before that rank exits)."""
+    return sorted(set(range(result.world_size)) - run_folder.failed_ranks(result.run_dir)
+                  - run_folder.finished_ranks(result.run_dir))
+
+
+def oom_killed_ranks(result: LaunchResult) -> list[int]:
+    """The ranks whose memory cgroup (:func:`course_utils.common.run_folder.join_memory_cgroup`) counted an
+    out-of-memory kill."""
+    from course_utils.kernel.launch.memcap import oom_kills
+
+    return sorted(r for r, group in run_folder.memory_cgroups(result.run_dir).items() if oom_kills(group) > 0)
+
+
+def killed_message(ranks: list[int], signum: int, node: str = "", counted: bool = False) -> str:
+    """Why a rank (one of ``ranks``, when more than one could be it) ended by signal ``signum`` without a traceback,
+    and what to change."""
     name, cause = SIGNAL_CAUSES.get(signum, (f"signal {signum}", "something outside Python ended it"))
-    who = f"Local rank {rank} on {node}" if node else f"Rank {rank}"
-    return (f"{who} was killed by {name} (exit status -{signum}) and left no Python traceback: {cause}. "
+    where = f" on {node}'s launcher" if node else ""
+    who = (f"Rank {ranks[0]}" if len(ranks) == 1 else f"One of ranks {', '.join(map(str, ranks))}" if ranks
+           else "A rank")
+    which = ("" if len(ranks) == 1 else " DeepSpeed's launcher reports the status, not which rank had it; the ranks "
+             "that left no record were ended by a signal, that one or the launcher's own.")
+    if counted:      # the rank's memory cgroup counted the kill: no guessing, and no doubt which rank
+        cause, which = f"the kernel's out-of-memory killer, which its memory cgroup counted. {LESS_MEMORY}", ""
+    return (f"{who}{where} was killed by {name} (exit status -{signum}) and left no Python traceback: {cause}.{which} "
             "Peers that fail afterwards with connection errors only lost it.")
 
 
@@ -146,17 +172,19 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
                 f"this; so does a run that needs a longer {knob}=.\n{tails}\n{where}")
     killed = killed_rank(result.log)
     if killed:
-        rank, signum, node = killed
-        lines = "" if node else f"--- rank {rank} (last lines) ---\n{tail(result.rank_logs.get(rank, ''), 8)}\n"
-        return f"{killed_message(rank, signum, node)}\n{lines}{where}"
+        _, signum, node = killed
+        oom = oom_killed_ranks(result) if signum == 9 else []
+        ranks = oom or unaccounted_ranks(result)
+        lines = "".join(f"--- rank {r} (last lines) ---\n{tail(result.rank_logs.get(r, ''), 8)}\n" for r in ranks)
+        return f"{killed_message(ranks, signum, node, counted=bool(oom))}\n{lines}{where}"
     rank, trace = first_failure(result.run_dir, result.rank_logs)
     if rank is None:
         return (f"Launch failed (exit code {result.returncode}) without a Python traceback (a rank exited "
                 f"with an error status or was killed); the end of the log:\n{tail(result.log)}\n{where}")
     lost = re.search(r"Connection (closed|reset) by peer", trace)
-    vanished = sorted(set(range(result.world_size)) - run_folder.failed_ranks(result.run_dir)
-                      - run_folder.finished_ranks(result.run_dir)) if lost else []
-    if vanished:      # the launcher logged the peer's status first: the rank that vanished left no record at all
+    vanished = unaccounted_ranks(result) if lost else []
+    if vanished:      # the launcher logged a peer's status (an older hook, or a peer it found first): the rank that
+        #               vanished left no record at all
         which = f"Rank {vanished[0]}" if len(vanished) == 1 else f"One of ranks {', '.join(map(str, vanished))}"
         return (f"{which} ended without a Python traceback (killed by a signal; "
                 f"{SIGNAL_CAUSES[9][1]}). Rank {rank} only lost its connection to it:\n{tail(trace, 4)}\n{where}")

@@ -87,6 +87,21 @@ def memory_cap(megabytes: int, wait: float = 10.0) -> Iterator[Path]:
                 time.sleep(0.05)
 
 
+def oom_kills(group: Path) -> int:
+    """How many processes the out-of-memory killer ended in the memory cgroup ``group`` (its folder): the
+    ``oom_kill`` line of cgroup v2's ``memory.events`` or of v1's ``memory.oom_control`` (kernels from 4.13); 0 when
+    the cgroup is gone or does not count them."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            for line in (Path(group) / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
 def available() -> bool:
     """Whether this machine gives the course memory cgroups (a small one is made and removed to find out)."""
     try:

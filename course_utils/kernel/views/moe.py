@@ -134,15 +134,21 @@ def random_id_loss() -> float:
     return math.log(moe.VOCAB - moe.FIRST_ID)
 
 
-_LAUNCHER_EXIT = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+_LAUNCHER_EXIT = re.compile(r"exits with return code = (-?\d+)")
+_ABORT = re.compile(r"terminate called after throwing an instance of '[^']+'")
 
 
-def launcher_exit(log: str) -> tuple[int, int] | None:
-    """(local rank, return code) of the rank whose error made DeepSpeed's launcher end the launch, from the line its
-    ``sigkill_handler`` logs (``deepspeed/launcher/launch.py``: "<command> exits with return code = <code>"); None
-    when no rank failed."""
+def launcher_exit(log: str) -> int | None:
+    """The return code DeepSpeed's launcher ended the launch with, from the line its ``sigkill_handler`` logs
+    (``deepspeed/launcher/launch.py``: "<command> exits with return code = <code>"); None when no rank failed. The
+    command in that line is the last rank the launcher started, whichever rank failed, so it names no rank."""
     hit = _LAUNCHER_EXIT.search(log)
-    return (int(hit[1]), int(hit[2])) if hit else None
+    return int(hit[1]) if hit else None
+
+
+def native_aborts(rank_logs: dict[int, str]) -> dict[int, str]:
+    """rank → the C++ runtime's line before it aborted the rank (SIGABRT), for the ranks that have one."""
+    return {rank: hit[0] for rank, text in sorted(rank_logs.items()) if (hit := _ABORT.search(text))}
 
 
 def gloo_complaint(rank_logs: dict[int, str]) -> dict[int, str]:

@@ -3,11 +3,14 @@
 In a rank (the process DeepSpeed's launcher started, not its children) it records when and where the
 rank dies of an uncaught exception, so the runner can name the rank that failed first rather than a peer
 that only lost its connection to it afterwards; and it ends a rank whose script returned without the
-interpreter's teardown, which can abort in gloo (see :func:`_end_rank_without_teardown`).
+interpreter's teardown, which can abort in gloo (see :func:`_end_rank_without_teardown`). A rank that
+died only because a peer went away exits :data:`PEER_LOST_WAIT` seconds late, so that DeepSpeed's launcher
+reports the peer's exit status, the cause, and not this rank's.
 """
 import atexit
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -22,7 +25,13 @@ if _IS_RANK:
     os.environ["COURSE_RANK_PID"] = str(os.getpid())
 
 _previous_hook = sys.excepthook
-_state = {"failed": False, "exit_status": None}
+_state = {"failed": False, "exit_status": None, "peer_lost": False}
+# A rank whose error only says that a peer went away (gloo's "Connection reset by peer" once the peer died)
+# lingers this long before it exits. DeepSpeed's launcher (deepspeed/launcher/launch.py) looks at its ranks once
+# a second and reports the first one it finds ended; without the wait, when the peer's death and this error land
+# in the same second, it may report this rank's exit status (1) instead of the one that failed first.
+PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe")
+PEER_LOST_WAIT = 2.0
 
 
 def _flush_standard_streams():
@@ -51,6 +60,9 @@ def _record_failure(exc_type, exc, tb):
         os.replace(tmp, path)     # complete when it appears
     except OSError:
         pass
+    # the wait comes at exit, not here: torch.distributed's own excepthook (the "[rank0]:" prefix) holds this one's
+    # output back until it returns, and a rank the launcher ends while it waits would take its traceback along
+    _state["peer_lost"] = bool(PEER_LOST.search(str(exc)))
 
 
 sys.excepthook = _record_failure
@@ -68,6 +80,9 @@ def _end_rank_without_teardown():
     the normal path.
     """
     if _state["failed"]:
+        if _state["peer_lost"]:
+            _flush_standard_streams()
+            time.sleep(PEER_LOST_WAIT)    # the launcher ends this rank sooner, once it has seen the peer's status
         return
     status = _state["exit_status"]
     code = 0 if status is None else status if isinstance(status, int) else 1
