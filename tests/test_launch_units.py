@@ -327,3 +327,25 @@ def test_rank_0_keeps_each_distinct_config_deepspeed_read_and_the_cell_names_it(
     subprocess.run([sys.executable, "-c", code], env={**env, "COURSE_RUN_DIR": str(other)}, capture_output=True,
                    timeout=120)
     assert configs_shown.read(other) == []
+
+
+def test_a_launch_port_comes_from_below_the_kernels_ephemeral_range_and_is_free(tmp_path, monkeypatch):
+    """A port from the ephemeral range can be taken, before a rank binds it, as the local end of any connection the
+    machine opens; the launch ports come from below it, are free, and differ from one another."""
+    import socket
+
+    from course_utils.kernel.launch import commands
+
+    ephemeral = commands.ephemeral_ports()
+    ports = [commands.free_port() for _ in range(20)]
+    assert len(set(ports)) == 20 and all(1024 <= p < ephemeral.start for p in ports)
+    with socket.socket() as held:                        # a port held by someone else is never handed out
+        held.bind(("", 0))
+        taken = held.getsockname()[1]
+        fake = tmp_path / "range"
+        fake.write_text(f"{taken + 1000}\t{taken + 2000}\n")
+        monkeypatch.setattr(commands, "EPHEMERAL_RANGE", fake)
+        assert commands.ephemeral_ports() == range(taken + 1000, taken + 2001)
+        monkeypatch.setattr(commands.random.SystemRandom, "choice", lambda self, r: taken)
+        with pytest.raises(RuntimeError, match="no free TCP port"):
+            commands.free_port()

@@ -7,6 +7,7 @@ command they could type themselves (``$ cd ... && deepspeed ...``).
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import shutil
 import socket
@@ -21,11 +22,40 @@ from course_utils.kernel.launch.environment import ssh_environment, write_env_fi
 from course_utils.kernel.launch.options import LaunchOptions
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel hands out on its own, as the local end of every outgoing connection (Linux's
+    ``ip_local_port_range``; 32768–60999 by default)."""
+    try:
+        low, high = map(int, EPHEMERAL_RANGE.read_text().split())
+        return range(low, high + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
-    """A TCP port the kernel just handed out and nobody holds: one per launch, so launches never clash."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody holds, for one launch (never the same twice in a process). Taken from below the kernel's
+    ephemeral range: a port from inside it, free when checked, can become the local end of any connection this
+    machine opens in the seconds before a rank binds it (two notebooks side by side once lost a launch to that:
+    "EADDRINUSE" in rank 0's TCPStore); below it, a port is only ever taken on purpose."""
+    ephemeral = ephemeral_ports()
+    below = range(max(1024, ephemeral.start - 12000), ephemeral.start)
+    pick = random.SystemRandom()
+    for _ in range(500):
+        port = pick.choice(below) if len(below) >= 1000 else 0     # a tiny range left below: the kernel's choice
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))            # every address, as a rank's TCPStore binds it
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free TCP port found below {ephemeral.start}: is this machine out of ports?")
 
 
 def deepspeed_cli() -> str:
