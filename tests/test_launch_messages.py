@@ -110,8 +110,8 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_likely_cause(tmp_path):
         {"rank": "0", "time": 1.0, "error": "RuntimeError", "traceback": "RuntimeError: Connection closed by peer [x]"}))
     message = failures.failure_message(result, timed_out=False, timeout=60)
     assert message.startswith("Rank 1 was killed by SIGKILL (exit status -9)") and "out-of-memory killer" in message
-    assert failures.killed_rank(KILLED.format(code=1)) is None          # an exception's exit status is not a signal
-    assert failures.killed_rank("[launcher 127.0.0.2] " + KILLED.format(code=-6).partition("] ")[2])[1:] == (6, "127.0.0.2")
+    assert failures.killed_signal(KILLED.format(code=1)) is None          # an exception's exit status is not a signal
+    assert failures.killed_signal("[launcher 127.0.0.2] " + KILLED.format(code=-6).partition("] ")[2]) == (6, "127.0.0.2")
 
 
 def test_a_peer_that_only_lost_its_connection_is_not_blamed(tmp_path):

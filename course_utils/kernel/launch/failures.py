@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Iterator
 
 from course_utils.common import paths
 from course_utils.common import run_folder
@@ -46,7 +47,7 @@ def first_failure(run_dir: Path, rank_logs: dict[int, str]) -> tuple[int | None,
 # signal. The command in that line is not that rank's: it is ``cmd``, the variable its spawn loop left behind, so it
 # always shows the last rank the launcher started (:func:`oom_killed_ranks` and :func:`unaccounted_ranks`
 # find the rank another way).
-_EXITED = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+_EXITED = re.compile(r"exits with return code = (-?\d+)")
 LESS_MEMORY = ("What to change: less memory per rank — a smaller micro-batch with gradient accumulation, a higher ZeRO "
                "stage, offload, fewer ranks on this machine (notebook 05's OOM ladder)")
 SIGNAL_CAUSES = {
@@ -59,16 +60,23 @@ SIGNAL_CAUSES = {
 }
 
 
-def killed_rank(log: str) -> tuple[int, int, str] | None:
-    """(the local rank the launcher's line shows, signal number, node) when the launcher saw a rank killed by a
-    signal, or None. The line shows the last rank that launcher started, whichever rank it was (see above).
-    ``node`` is "" for a single-machine launch, else the host whose launcher saw it."""
+def _exits(log: str) -> Iterator[tuple[int, str]]:
+    """(return code, node) of each "exits with return code" line, in order. ``node`` is "" for a single-machine
+    launch, else the host whose launcher saw it. No rank: the line does not say which (see above)."""
     for line in log.splitlines():
         m = _EXITED.search(line)
-        if m and int(m[2]) < 0:
-            source = line.partition("] ")[0].lstrip("[")
-            return int(m[1]), -int(m[2]), source.removeprefix("launcher").strip()
-    return None
+        if m:
+            yield int(m[1]), line.partition("] ")[0].lstrip("[").removeprefix("launcher").strip()
+
+
+def launcher_exit(log: str) -> tuple[int, str] | None:
+    """(return code, node) of the first rank DeepSpeed's launcher saw end with a non-zero status, or None."""
+    return next(_exits(log), None)
+
+
+def killed_signal(log: str) -> tuple[int, str] | None:
+    """(signal number, node) of the first rank a launcher saw killed by a signal (a negative return code), or None."""
+    return next(((-code, node) for code, node in _exits(log) if code < 0), None)
 
 
 def unaccounted_ranks(result: LaunchResult) -> list[int]:
@@ -170,9 +178,9 @@ def failure_message(result: LaunchResult, timed_out: bool, timeout: float, note:
         return (f"{ended} and every process of it was killed. A rank stuck "
                 f"in a collective (all_reduce, barrier, ...) that another rank never reached looks like "
                 f"this; so does a run that needs a longer {knob}=.\n{tails}\n{where}")
-    killed = killed_rank(result.log)
+    killed = killed_signal(result.log)
     if killed:
-        _, signum, node = killed
+        signum, node = killed
         oom = oom_killed_ranks(result) if signum == 9 else []
         ranks = oom or unaccounted_ranks(result)
         lines = "".join(f"--- rank {r} (last lines) ---\n{tail(result.rank_logs.get(r, ''), 8)}\n" for r in ranks)

@@ -134,7 +134,6 @@ def random_id_loss() -> float:
     return math.log(moe.VOCAB - moe.FIRST_ID)
 
 
-_LAUNCHER_EXIT = re.compile(r"exits with return code = (-?\d+)")
 _ABORT = re.compile(r"terminate called after throwing an instance of '[^']+'")
 
 
@@ -142,8 +141,10 @@ def launcher_exit(log: str) -> int | None:
     """The return code DeepSpeed's launcher ended the launch with, from the line its ``sigkill_handler`` logs
     (``deepspeed/launcher/launch.py``: "<command> exits with return code = <code>"); None when no rank failed. The
     command in that line is the last rank the launcher started, whichever rank failed, so it names no rank."""
-    hit = _LAUNCHER_EXIT.search(log)
-    return int(hit[1]) if hit else None
+    from course_utils.kernel.launch.failures import launcher_exit as ended
+
+    hit = ended(log)
+    return hit[0] if hit else None
 
 
 def native_aborts(rank_logs: dict[int, str]) -> dict[int, str]:
