@@ -168,6 +168,40 @@ def test_a_dead_starter_leaves_nothing(tmp_path):
 
 
 @needs_slurm
+def test_a_kernel_stopped_then_killed_by_jupyter_leaves_nothing():
+    """A learner presses the stop button during a cell, then restarts the kernel: Jupyter sends SIGINT, then SIGKILL,
+    to the kernel's whole process group. The cluster's watchdog (a session of its own) survives the first, is not
+    killed by the second, and ends the cluster and its running job when the kernel is gone."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(paths.ROOT), env={**os.environ})
+    kc = km.client()
+    kc.start_channels()
+    folder, said = None, []
+
+    def run(code: str) -> None:
+        reply = kc.execute_interactive(code, timeout=120, output_hook=lambda m: said.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok", (code, reply["content"], said)
+    try:
+        kc.wait_for_ready(timeout=60)
+        run("from course_utils.kernel.launch import slurm, slurm_launch\nc = slurm.start()\n"
+            "j = slurm_launch.submit(c, '#!/bin/bash\\nsrun sleep 600\\n', '--nodes=2', '--ntasks-per-node=1', name='x')\n"
+            "c.wait(j.job_id, until=('RUNNING',))\nprint(c.folder)")
+        folder = Path("".join(said).strip().splitlines()[-1])
+        kc.execute("import time; time.sleep(600)")
+        time.sleep(1)
+        km.interrupt_kernel()                      # SIGINT to the kernel's process group
+        kc.get_shell_msg(timeout=30)
+        run("assert c.watchdog.poll() is None, 'the watchdog died of the interrupt'")
+        assert any(p.name() == "slurmstepd" for p in slurm.cluster_processes(folder)), "the job is running"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)               # SIGKILL to the kernel's process group
+    assert folder is not None and not _gone(folder, wait=20), _gone(folder)
+
+
+@needs_slurm
 @pytest.mark.extended
 def test_a_job_over_its_time_limit_ends_in_timeout():
     """A job given one minute that would run ten: slurmctld ends it (its time-limit check runs every 30 s, so 60-90 s

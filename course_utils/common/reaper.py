@@ -180,8 +180,10 @@ def tree(pid: int) -> list[int]:
 def watch_parent(parent: int, on_death: Callable[[], None]) -> None:
     """A watchdog's life: wait until the process that started it dies (SIGTERM from ``PR_SET_PDEATHSIG``, or a new
     parent process id), then call ``on_death`` and exit. Its starter blocks SIGTERM until the handler is in place
-    (``course_utils.kernel.launch.processes.watchdog``), so a parent that died meanwhile is not missed."""
+    (``course_utils.kernel.launch.processes.watchdog``), so a parent that died meanwhile is not missed. A second
+    SIGTERM (a dying kernel can bring two) is ignored once it acts: run inside the first, it would abandon it."""
     def ended(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         on_death()
         sys.exit(0)
     signal.signal(signal.SIGTERM, ended)
@@ -211,13 +213,11 @@ def main(argv: list[str]) -> None:
     kind, parent = argv[0], int(argv[1])
     if kind == "launch":
         watch_parent(parent, lambda: end_launch(argv[2], argv[3], argv[4] == "ssh", [int(g) for g in argv[5:]]))
-    elif kind == "call":
+    elif kind == "call":          # imported now, while SIGTERM is still blocked: at the parent's death it only runs
+        import importlib
         module, _, function = argv[2].partition(":")
-
-        def call() -> None:
-            import importlib
-            getattr(importlib.import_module(module), function)(*argv[3:])
-        watch_parent(parent, call)
+        act = getattr(importlib.import_module(module), function)
+        watch_parent(parent, lambda: act(*argv[3:]))
     else:
         raise SystemExit(f"usage: python -m course_utils.common.reaper launch|call <parent pid> ...: not {kind!r}")
 

@@ -40,21 +40,28 @@ def die_with_parent() -> None:
 
 
 def _watchdog_preexec() -> None:
-    """A watchdog's :func:`die_with_parent`, with SIGTERM blocked until it is ready for it.
+    """A watchdog's :func:`die_with_parent`, with SIGTERM blocked until it is ready for it and SIGINT ignored.
 
     The blocked mask survives ``exec``: a parent that dies while the watchdog's interpreter is still starting (a
     kernel killed a moment after a launch, a loaded machine) leaves the SIGTERM pending, and it is delivered once
     :func:`course_utils.common.reaper.watch_parent` has its handler in place, instead of killing the watchdog
-    before it could end anything."""
+    before it could end anything. An ignored SIGINT stays ignored in the new interpreter (Python installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
 
 
 def watchdog(*argv: str) -> subprocess.Popen:
     """Start ``python -m course_utils.common.reaper <argv>`` for the process calling this: it acts when this
-    process dies, however it dies (see :func:`course_utils.common.reaper.main`)."""
+    process dies, however it dies (see :func:`course_utils.common.reaper.main`).
+
+    In a session of its own: Jupyter signals a kernel's whole process group, SIGINT for the stop button (a
+    watchdog in that group would die of KeyboardInterrupt and leave the cluster or launch it watches unwatched) and
+    SIGKILL when it kills a kernel (which would kill the watchdog with it, before it could act)."""
     return subprocess.Popen([sys.executable, "-m", "course_utils.common.reaper", argv[0], str(os.getpid()), *argv[1:]],
-                            cwd=paths.ROOT, preexec_fn=_watchdog_preexec, stdin=subprocess.DEVNULL)
+                            cwd=paths.ROOT, preexec_fn=_watchdog_preexec, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def shm_pattern(port: int) -> str:

@@ -131,18 +131,20 @@ class SlurmCluster:
             return
         self._stopped = True
         atexit.unregister(self.stop)
-        if self.watchdog is not None:       # first: on SIGTERM it would end the cluster too
-            self.watchdog.kill()
-            self.watchdog.wait()
         if self.processes.get("slurmctld") and self.processes["slurmctld"].poll() is None:
             try:
                 self.command("scancel", "--full", "--quiet", "--user", "root", check=False, timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        end_cluster(self.folder)
+        # The watchdog last: a kernel that Jupyter kills while this runs (at its exit, atexit calls this) leaves the
+        # rest to it. Until then it is spared (its command line names the folder).
+        end_cluster(self.folder, spare=self.watchdog.pid if self.watchdog is not None else None)
         for p in self.processes.values():
             p.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
 
 
 def start(nodes: Sequence[str] = NODES, timeout: float = START_TIMEOUT) -> SlurmCluster:
@@ -251,10 +253,10 @@ def cluster_processes(folder: Path) -> list[psutil.Process]:
     return as_processes(cluster_pids(folder))
 
 
-def end_cluster(folder: Path, grace: float = 3.0) -> None:
-    """SIGTERM every process of the cluster, SIGKILL what is left after ``grace`` seconds; again while any remain
-    (a slurmd may start a step while it is being ended): :func:`course_utils.common.reaper.end`."""
-    reaper.end(lambda: cluster_pids(folder), grace=grace)
+def end_cluster(folder: Path, grace: float = 3.0, spare: int | None = None) -> None:
+    """SIGTERM every process of the cluster but ``spare``, SIGKILL what is left after ``grace`` seconds; again while
+    any remain (a slurmd may start a step while it is being ended): :func:`course_utils.common.reaper.end`."""
+    reaper.end(lambda: [pid for pid in cluster_pids(folder) if pid != spare], grace=grace)
 
 
 def end_and_remove(folder: str) -> None:
