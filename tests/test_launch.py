@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import threading
 import time
@@ -134,15 +135,16 @@ def test_command_kills_a_hanging_tool():
 
 
 def test_launch_dies_with_the_process_that_started_it(tmp_path):
-    """A kernel killed outright (SIGKILL) gets no chance to clean up: the launch must still end, and its
-    /dev/shm all-reduce buffers (about 66 MB per CPU rank) must go with it."""
+    """A kernel killed outright gets no chance to clean up: the launch must still end, and its /dev/shm all-reduce
+    buffers (about 66 MB per CPU rank) must go with it. Killed as Jupyter kills a kernel: SIGKILL to its whole process
+    group (a kernel runs in a session of its own), which the launch's watchdog must not be in."""
     import subprocess
     import sys
 
     starter = subprocess.Popen([sys.executable, "-c", (
         "import sys; from course_utils import launch; "
         f"launch.deepspeed({str(SCRIPTS / 'allreduce_then_sleep.py')!r}, procs=2, timeout=300, name='orphan_check')")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     run_dir = None
     while time.monotonic() < deadline and run_dir is None:
@@ -156,7 +158,7 @@ def test_launch_dies_with_the_process_that_started_it(tmp_path):
     buffers = f"deepspeed*_{port}_*"
     if not hardware.detect().is_gpu:      # CPU ranks all-reduce through DeepSpeed's shm op
         assert list(Path("/dev/shm").glob(buffers)), "the script should have created the shm buffers"
-    starter.send_signal(signal.SIGKILL)
+    os.killpg(starter.pid, signal.SIGKILL)
     starter.wait()
     deadline = time.monotonic() + 30
     while (processes_of(run_dir) or list(Path("/dev/shm").glob(buffers))) and time.monotonic() < deadline:
