@@ -189,10 +189,14 @@ def test_a_kernel_stopped_then_killed_by_jupyter_leaves_nothing():
             "j = slurm_launch.submit(c, '#!/bin/bash\\nsrun sleep 600\\n', '--nodes=2', '--ntasks-per-node=1', name='x')\n"
             "c.wait(j.job_id, until=('RUNNING',))\nprint(c.folder)")
         folder = Path("".join(said).strip().splitlines()[-1])
-        kc.execute("import time; time.sleep(600)")
-        time.sleep(1)
+        sleeping = kc.execute("import time; time.sleep(600)")
+        while not (lambda m: m["msg_type"] == "execute_input" and m["parent_header"].get("msg_id") == sleeping)(
+                kc.get_iopub_msg(timeout=60)):
+            pass                                   # until the kernel runs the cell
+        time.sleep(0.5)
         km.interrupt_kernel()                      # SIGINT to the kernel's process group
-        kc.get_shell_msg(timeout=30)
+        while kc.get_shell_msg(timeout=60)["parent_header"].get("msg_id") != sleeping:
+            pass
         run("assert c.watchdog.poll() is None, 'the watchdog died of the interrupt'")
         assert any(p.name() == "slurmstepd" for p in slurm.cluster_processes(folder)), "the job is running"
     finally:
