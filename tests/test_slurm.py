@@ -189,7 +189,9 @@ def test_a_kernel_stopped_then_killed_by_jupyter_leaves_nothing():
             "j = slurm_launch.submit(c, '#!/bin/bash\\nsrun sleep 600\\n', '--nodes=2', '--ntasks-per-node=1', name='x')\n"
             "c.wait(j.job_id, until=('RUNNING',))\nprint(c.folder)")
         folder = Path("".join(said).strip().splitlines()[-1])
-        sleeping = kc.execute("import time; time.sleep(600)")
+        # stop_on_error=False: its KeyboardInterrupt must not make the kernel abort the next request (ipykernel
+        # aborts what arrives while it flushes its queue after an error, a race with the request sent next)
+        sleeping = kc.execute("import time; time.sleep(600)", stop_on_error=False)
         while not (lambda m: m["msg_type"] == "execute_input" and m["parent_header"].get("msg_id") == sleeping)(
                 kc.get_iopub_msg(timeout=60)):
             pass                                   # until the kernel runs the cell
