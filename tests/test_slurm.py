@@ -192,9 +192,10 @@ def test_a_kernel_stopped_then_killed_by_jupyter_leaves_nothing():
         # stop_on_error=False: its KeyboardInterrupt must not make the kernel abort the next request (ipykernel
         # aborts what arrives while it flushes its queue after an error, a race with the request sent next)
         sleeping = kc.execute("import time; time.sleep(600)", stop_on_error=False)
-        while not (lambda m: m["msg_type"] == "execute_input" and m["parent_header"].get("msg_id") == sleeping)(
-                kc.get_iopub_msg(timeout=60)):
-            pass                                   # until the kernel runs the cell
+        while True:                                # until the kernel runs the cell
+            seen = kc.get_iopub_msg(timeout=60)
+            if seen["msg_type"] == "execute_input" and seen["parent_header"].get("msg_id") == sleeping:
+                break
         time.sleep(0.5)
         km.interrupt_kernel()                      # SIGINT to the kernel's process group
         while kc.get_shell_msg(timeout=60)["parent_header"].get("msg_id") != sleeping:
