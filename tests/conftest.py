@@ -108,11 +108,18 @@ def trials_of(nb, ex: dict, launches: bool) -> list[tuple]:
     return [(a.kind, a.why, a.source, cells) for a in wrong.answers]
 
 
+# A notebook may tag one cell with this: the replay then runs just before that cell instead of after the last one.
+# Notebook 14 tags the cell that waits for its time-limit drill (Slurm ends that job 60-90 s after it started,
+# whatever else runs): its exercises' jobs run on the notebook's own cluster while the drill's job counts down.
+# The cells after it must not read what the exercises' cells set (a wrong answer's job is the last one they ran).
+REPLAY_TAG = "tests-replay-here"
+
+
 def with_student_replay(notebook: Path, out: Path, launches: bool | None = None) -> Path:
-    """A copy of ``notebook`` ending in a cell that replays each exercise with the student source (the
-    nbgrader stub) followed by its check cell, and then each of its declared wrong answers (tests/answers), in the
-    kernel that has just run the whole notebook. ``launches``: also the answers whose check launches ranks (by
-    default unless ``COURSE_TRIALS=kernel``)."""
+    """A copy of ``notebook`` with a cell that replays each exercise with the student source (the nbgrader stub)
+    followed by its check cell, and then each of its declared wrong answers (tests/answers), in the kernel that
+    has just run the notebook: at its end, or before the cell tagged :data:`REPLAY_TAG`. ``launches``: also the
+    answers whose check launches ranks (by default unless ``COURSE_TRIALS=kernel``)."""
 
     from course_utils.tooling.student import exercises, student_source
 
@@ -122,7 +129,12 @@ def with_student_replay(notebook: Path, out: Path, launches: bool | None = None)
     nb.metadata["course_name"] = notebook.stem
     replay = [(ex["name"], student_source(nb.cells[ex["cell"]].source), nb.cells[ex["cell"]].source,
                nb.cells[ex["check"]].source, trials_of(nb, ex, launches)) for ex in exercises(nb)]
-    nb.cells.append(nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, out=str(out))))
+    here = [i for i, c in enumerate(nb.cells) if REPLAY_TAG in c.metadata.get("tags", [])]
+    assert len(here) <= 1, f"{notebook.name}: more than one cell tagged {REPLAY_TAG!r}"
+    assert not here or all(here[0] > ex["check"] for ex in exercises(nb)), \
+        f"{notebook.name}: the cell tagged {REPLAY_TAG!r} comes before an exercise's check"
+    cell = nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, out=str(out)))
+    nb.cells.insert(here[0] if here else len(nb.cells), cell)
     copy = paths.build_dir() / "with_replay" / notebook.name
     copy.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(copy))

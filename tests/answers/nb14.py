@@ -1,6 +1,6 @@
 """Notebook 14's exercises, answered wrong on purpose (see tests/answers/__init__.py). Their checks judge real jobs on
-the notebook's Slurm cluster; run after section 5 has stopped it, each trial's cells start a cluster of their own and
-stop it (``slurm.running``)."""
+the notebook's Slurm cluster: the replay runs before the cell that waits for the time-limit drill (tagged
+``conftest.REPLAY_TAG``), so the trials' jobs run on that cluster while the drill's job counts down."""
 from answers import wrong
 
 ANSWERS = {
