@@ -79,6 +79,30 @@ for _name, _student, _solution, _check, _trials in {exercises!r}:
             "message": str(_error) if _error is not None else "", "output": _seen.stdout + _seen.stderr,
             "seconds": round(_time.perf_counter() - _started, 2)}})
         _ip.run_cell(_solution, store_history=False)
+# Exercises whose checks read one launch (answers.together): each kind's answers for all of them, then that launch once,
+# and every check must refuse its own exercise (the cells after a refusal still run, as a learner runs the next cell).
+for _names, _solutions, _group in {groups!r}:
+    for _kind, _whys, _sources, _cells, _checks in _group:
+        _started, _errors = _time.perf_counter(), {{}}
+        with _capture() as _seen:
+            for _source in _sources:
+                _ip.run_cell(_source, store_history=False)
+            for _i, _cell in enumerate(_cells):
+                _error = _ip.run_cell(_cell, store_history=False).error_in_exec
+                if _i in _checks:
+                    _errors[_checks[_i]] = _error
+                elif _error is not None:
+                    _errors = {{_n: _errors.get(_n, _error) for _n in _names}}
+                    break
+        for _name, _why in zip(_names, _whys):
+            _error = _errors.get(_name)
+            _outcomes[_name]["trials"].append({{
+                "kind": _kind, "why": _why, "error": type(_error).__name__ if _error is not None else "passed",
+                "refused": isinstance(_error, _Refused) and not isinstance(_error, _NotDone),
+                "message": str(_error) if _error is not None else "", "output": _seen.stdout + _seen.stderr,
+                "seconds": round(_time.perf_counter() - _started, 2), "together": list(_names)}})
+        for _solution in _solutions:
+            _ip.run_cell(_solution, store_history=False)
 for _p, _bytes in _kept.items():
     _p.write_bytes(_bytes)
 del _ip.showtraceback
@@ -96,16 +120,46 @@ def replays_launches() -> bool:
 
 
 def trials_of(nb, ex: dict, launches: bool) -> list[tuple]:
-    """The declared wrong answers of exercise ``ex`` as the replay runs them: (kind, why, source, cells to run after)."""
+    """The declared wrong answers of exercise ``ex`` as the replay runs them: (kind, why, source, cells to run after);
+    none for an exercise replayed with others (:func:`grouped_trials`)."""
     import answers
 
-    declared = answers.load(nb.metadata.get("course_name", ""))
+    name = nb.metadata.get("course_name", "")
+    declared = answers.load(name)
     wrong = declared.get(ex["name"])
-    if wrong is None or (wrong.launches and not launches) or ex["check"] is None:
+    if wrong is None or (wrong.launches and not launches) or ex["check"] is None or \
+            any(ex["name"] in group for group in answers.together(name)):
         return []
     first = ex["cell"] + 1 if wrong.run == "from_solution" else ex["check"]
     cells = [nb.cells[j].source for j in range(first, ex["check"] + 1) if nb.cells[j].cell_type == "code"]
     return [(a.kind, a.why, a.source, cells) for a in wrong.answers]
+
+
+def grouped_trials(nb, launches: bool) -> list[tuple]:
+    """The exercises replayed together (``answers.together``) as the replay runs them: (names, their solutions,
+    [(kind, whys, sources, cells, {position in cells: the exercise whose check it is})]). The cells run from the first
+    cell after the group's first exercise to its last check, leaving out the group's exercise cells."""
+    import answers
+    from course_utils.tooling.student import exercises
+
+    name = nb.metadata.get("course_name", "")
+    if not launches:
+        return []
+    declared, found = answers.load(name), {ex["name"]: ex for ex in exercises(nb)}
+    replay = []
+    for group in answers.together(name):
+        members = [found[n] for n in group]
+        own = {ex["cell"] for ex in members}
+        span = range(min(ex["cell"] for ex in members) + 1, max(ex["check"] for ex in members) + 1)
+        at = [j for j in span if nb.cells[j].cell_type == "code" and j not in own]
+        checks = {at.index(ex["check"]): ex["name"] for ex in members}
+        trials = []
+        for kind in answers.KINDS:
+            for given in zip(*(declared[n].of(kind) for n in group)):
+                trials.append((kind, [a.why for a in given], [a.source for a in given],
+                               [nb.cells[j].source for j in at], checks))
+        replay.append((list(group), [nb.cells[ex["cell"]].source for ex in members], trials))
+    return replay
 
 
 # A notebook may tag one cell with this: the replay then runs just before that cell instead of after the last one.
@@ -133,7 +187,7 @@ def with_student_replay(notebook: Path, out: Path, launches: bool | None = None)
     assert len(here) <= 1, f"{notebook.name}: more than one cell tagged {REPLAY_TAG!r}"
     assert not here or all(here[0] > ex["check"] for ex in exercises(nb)), \
         f"{notebook.name}: the cell tagged {REPLAY_TAG!r} comes before an exercise's check"
-    cell = nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, out=str(out)))
+    cell = nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, groups=grouped_trials(nb, launches), out=str(out)))
     nb.cells.insert(here[0] if here else len(nb.cells), cell)
     copy = paths.build_dir() / "with_replay" / notebook.name
     copy.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,26 @@ def test_train_wordpiece_adds_bert_special_tokens(splits):
     assert tok.convert_ids_to_tokens(tok("zzqx")["input_ids"])[1] in ("[UNK]", "z")
 
 
+def test_the_tokenizer_is_the_same_in_every_process():
+    """tokenizers' WordPiece trainer numbers its pieces in a hash map's order (huggingface/tokenizers#1794); the course's
+    fixed order gives two processes, as two fresh build folders, the same vocabulary (notebook 02 trains it so)."""
+    import subprocess
+    import sys
+
+    code = ("import json; from course_utils.rank import data; s = data.emotion_dataset(300, 51, seed=0); "
+            "print(json.dumps(data.train_wordpiece(s['train']['text'], 1000).get_vocab(), sort_keys=True))")
+    both = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in both]
+    finally:
+        for p in both:
+            p.kill()
+    assert all(p.returncode == 0 for p in both), [err[-500:] for _, err in outputs]
+    vocabularies = [out.splitlines()[-1] for out, _ in outputs]
+    assert vocabularies[0] == vocabularies[1]
+
+
 def test_tokenize_gives_fixed_length_tensors(splits):
     tok = data.train_wordpiece(splits["train"]["text"], vocab_size=200)
     encoded = data.tokenize(splits["eval"], tok, max_length=16)

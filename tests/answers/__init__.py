@@ -47,10 +47,31 @@ def wrong(copier: "tuple[str, str] | list[tuple[str, str]]", misread: "tuple[str
     return Wrong(tuple(answers), run, launches, tuple(secret))
 
 
+def _module(notebook: str):
+    try:
+        return importlib.import_module(f"answers.nb{notebook[:2]}")
+    except ModuleNotFoundError:
+        return None
+
+
 def load(notebook: str) -> dict[str, Wrong]:
     """The declared wrong answers of notebook ``notebook`` (its name or its two-digit prefix); {} when it has none."""
-    try:
-        module = importlib.import_module(f"answers.nb{notebook[:2]}")
-    except ModuleNotFoundError:
-        return {}
-    return dict(module.ANSWERS)
+    module = _module(notebook)
+    return dict(module.ANSWERS) if module else {}
+
+
+def together(notebook: str) -> list[tuple[str, ...]]:
+    """Exercises whose checks read one and the same launch (a module's ``TOGETHER``): the replay gives that launch
+    the answers of one kind for all of them at once, as a learner who copies copies every answer, and requires each
+    check to refuse its own exercise. One launch per kind instead of one per answer; each exercise's answers of a
+    kind pair up in order, so there must be as many of them."""
+    module = _module(notebook)
+    groups = [tuple(g) for g in getattr(module, "TOGETHER", ())] if module else []
+    declared = load(notebook)
+    for group in groups:
+        for kind in KINDS:
+            counts = {name: len(declared[name].of(kind)) for name in group}
+            assert len(set(counts.values())) == 1, f"{notebook}: {kind} answers of {group} do not pair up: {counts}"
+        assert all(declared[name].launches and declared[name].run == "from_solution" for name in group), \
+            f"{notebook}: the exercises of {group} must each launch, run from the solution"
+    return groups

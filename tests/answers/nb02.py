@@ -1,6 +1,10 @@
 """Notebook 02's exercises, answered wrong on purpose (see tests/answers/__init__.py)."""
 from answers import wrong
 
+# Exercises 3 and 4 are checked on one launch (section 3's training run): the copier's two answers go to one launch,
+# the misreader's two to another, and each check must refuse its own exercise.
+TOGETHER = [("gather_predictions", "train_step")]
+
 ANSWERS = {
     "fixed_config": wrong(
         copier=("copies the three numbers DeepSpeed's error multiplied (32 * 4 * 2) into train_batch_size", """

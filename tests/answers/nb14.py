@@ -5,28 +5,10 @@ from answers import wrong
 
 ANSWERS = {
     "sbatch_script": wrong(
-        copier=[("copies the course's batch script, the fallback of the cell below: one rank per node", """
+        copier=("copies the course's batch script, the fallback of the cell below: one rank per node", """
             def sbatch_script(deepspeed: str, script: str) -> str:
                 return slurm_launch.batch_script(deepspeed, script)
             """),
-                ("copies notebook 01's batch script, adapted to the list above (run folder, NodeAddr, node files, "
-                 "port), its 4 slots per node kept", r"""
-            def sbatch_script(deepspeed: str, script: str) -> str:
-                return f'''#!/bin/bash
-            #SBATCH --job-name=deepspeed-course
-            #SBATCH --nodes=2
-            #SBATCH --ntasks-per-node=1        # one launcher per node; it starts one rank per GPU
-            #SBATCH --time=01:00:00
-
-            cd "$SLURM_SUBMIT_DIR"
-            scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=4/' > "$COURSE_RUN_DIR/hostfile"
-            first=$(head -n 1 "$COURSE_RUN_DIR/hostfile" | cut -d' ' -f1)
-            export MASTER_ADDR=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) MASTER_PORT=$COURSE_MASTER_PORT
-
-            srun --kill-on-bad-exit=1 --output="$COURSE_RUN_DIR/node-%N-%n.out" bash -c '{deepspeed} --hostfile "$COURSE_RUN_DIR/hostfile" --no_ssh --node_rank "$SLURM_NODEID" \\
-                --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" {script}'
-            '''
-            """)],
         misread=("thinks the hostfile's slots decide where the ranks run, whatever Slurm allocates: asks for one node and "
                  "gives it all four ranks", r"""
             def sbatch_script(deepspeed: str, script: str) -> str:
