@@ -137,6 +137,53 @@ def test_an_exercise_without_its_wrong_answers_is_named(tmp_path):
     assert declared_gaps(path) == ["guess: no wrong answers declared in tests/answers/nb99.py"]
 
 
+def test_exercises_replayed_together_get_one_launch_per_kind_with_every_check_and_no_exercise_cell():
+    """answers.together: the replay sets all the group's answers of a kind, runs the cells from the first exercise to
+    the last check once, leaving out the group's exercise cells (they would put a solution back), and reads each
+    member's check among them."""
+    import nbformat
+
+    import answers
+    from conftest import grouped_trials
+    from course_utils.tooling.student import exercises
+
+    grouped = 0
+    for path in sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        groups = answers.together(path.stem)
+        if not groups:
+            continue
+        nb = nbformat.read(str(path), as_version=4)
+        nb.metadata["course_name"] = path.stem
+        found = {ex["name"]: ex for ex in exercises(nb)}
+        assert grouped_trials(nb, launches=False) == []          # COURSE_TRIALS=kernel: no launch
+        for names, solutions, trials in grouped_trials(nb, launches=True):
+            assert solutions == [nb.cells[found[n]["cell"]].source for n in names]
+            assert {t[0] for t in trials} == set(answers.KINDS)
+            for kind, whys, sources, cells, checks in trials:
+                assert len(whys) == len(sources) == len(names) and sorted(checks.values()) == sorted(names)
+                assert all(cells[i] == nb.cells[found[n]["check"]].source for i, n in checks.items())
+                assert not set(cells) & set(solutions), "an exercise cell of the group would undo its answer"
+            grouped += 1
+    assert grouped, "no notebook declares exercises replayed together any more: remove this test or the machinery"
+
+
+def test_the_replay_runs_before_a_tagged_cell_only_after_every_check():
+    """A notebook may move its replay before one tagged cell (conftest.REPLAY_TAG), never before an exercise's check."""
+    import nbformat
+
+    from conftest import REPLAY_TAG
+    from course_utils.tooling.student import exercises
+
+    tagged = {}
+    for path in sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        at = [i for i, c in enumerate(nb.cells) if REPLAY_TAG in c.metadata.get("tags", [])]
+        if at:
+            assert len(at) == 1 and all(at[0] > ex["check"] for ex in exercises(nb)), path.stem
+            tagged[path.stem] = at[0]
+    assert set(tagged) == {"14_your_cluster"}
+
+
 def test_the_paths_through_the_course_name_real_notebooks_and_sections_and_add_up():
     """Each route of the README and INSTRUCTORS.md names notebooks and sections that exist; its hours are the sum of
     its steps (a whole notebook: its opening box's time; some sections: less than the whole)."""
