@@ -60,6 +60,11 @@ from course_utils.kernel.checks import ExerciseCheckError as _Refused, ExerciseN
 _ip, _outcomes = get_ipython(), {{}}
 _kept = {{_p: _p.read_bytes() for _p in _paths.metrics_dir().glob("*.json")}}
 _ip.showtraceback = lambda *a, **k: None      # the expected failures are recorded, not shown as cell errors
+def _outcome(_kind, _why, _error, _seen, _started, **_more):
+    return {{"kind": _kind, "why": _why, "error": type(_error).__name__ if _error is not None else "passed",
+            "refused": isinstance(_error, _Refused) and not isinstance(_error, _NotDone),
+            "message": str(_error) if _error is not None else "", "output": _seen.stdout + _seen.stderr,
+            "seconds": round(_time.perf_counter() - _started, 2), **_more}}
 for _name, _student, _solution, _check, _trials in {exercises!r}:
     _ip.run_cell(_student, store_history=False)
     _error = _ip.run_cell(_check, store_history=False).error_in_exec
@@ -73,11 +78,7 @@ for _name, _student, _solution, _check, _trials in {exercises!r}:
                 _error = _ip.run_cell(_cell, store_history=False).error_in_exec
                 if _error is not None:
                     break
-        _outcomes[_name]["trials"].append({{
-            "kind": _kind, "why": _why, "error": type(_error).__name__ if _error is not None else "passed",
-            "refused": isinstance(_error, _Refused) and not isinstance(_error, _NotDone),
-            "message": str(_error) if _error is not None else "", "output": _seen.stdout + _seen.stderr,
-            "seconds": round(_time.perf_counter() - _started, 2)}})
+        _outcomes[_name]["trials"].append(_outcome(_kind, _why, _error, _seen, _started))
         _ip.run_cell(_solution, store_history=False)
 # Exercises whose checks read one launch (answers.together): each kind's answers for all of them, then that launch once,
 # and every check must refuse its own exercise (the cells after a refusal still run, as a learner runs the next cell).
@@ -95,12 +96,8 @@ for _names, _solutions, _group in {groups!r}:
                     _errors = {{_n: _errors.get(_n, _error) for _n in _names}}
                     break
         for _name, _why in zip(_names, _whys):
-            _error = _errors.get(_name)
-            _outcomes[_name]["trials"].append({{
-                "kind": _kind, "why": _why, "error": type(_error).__name__ if _error is not None else "passed",
-                "refused": isinstance(_error, _Refused) and not isinstance(_error, _NotDone),
-                "message": str(_error) if _error is not None else "", "output": _seen.stdout + _seen.stderr,
-                "seconds": round(_time.perf_counter() - _started, 2), "together": list(_names)}})
+            _outcomes[_name]["trials"].append(_outcome(_kind, _why, _errors.get(_name), _seen, _started,
+                                                       together=list(_names)))
         for _solution in _solutions:
             _ip.run_cell(_solution, store_history=False)
 for _p, _bytes in _kept.items():

@@ -6,7 +6,8 @@ The notebook's test replays every declared answer in the kernel that has just ru
 the answer's source replaces the exercise cell, the check runs again, and the test requires a refusal
 (:class:`~course_utils.kernel.checks.ExerciseCheckError`, not "not done yet") whose message and printed output hold
 none of the exercise's ``secret`` strings nor a line of its solution. ``test_manifest`` refuses an exercise without
-both answers.
+both answers. Exercises whose checks read one launch may be replayed together (a module's ``TOGETHER``, see
+:func:`together`): one launch per kind of answer, each check refusing its own exercise.
 """
 from __future__ import annotations
 
