@@ -166,6 +166,18 @@ def grouped_trials(nb, launches: bool) -> list[tuple]:
 REPLAY_TAG = "tests-replay-here"
 
 
+def replay_position(nb, name: str) -> int:
+    """Where the replay cell goes in ``nb``: before the cell tagged :data:`REPLAY_TAG`, else at the end. At most one
+    cell may carry the tag, and only after every exercise's check."""
+    from course_utils.tooling.student import exercises
+
+    here = [i for i, c in enumerate(nb.cells) if REPLAY_TAG in c.metadata.get("tags", [])]
+    assert len(here) <= 1, f"{name}: more than one cell tagged {REPLAY_TAG!r}"
+    assert not here or all(here[0] > ex["check"] for ex in exercises(nb)), \
+        f"{name}: the cell tagged {REPLAY_TAG!r} comes before an exercise's check"
+    return here[0] if here else len(nb.cells)
+
+
 def with_student_replay(notebook: Path, out: Path, launches: bool | None = None) -> Path:
     """A copy of ``notebook`` with a cell that replays each exercise with the student source (the nbgrader stub)
     followed by its check cell, and then each of its declared wrong answers (tests/answers), in the kernel that
@@ -180,12 +192,8 @@ def with_student_replay(notebook: Path, out: Path, launches: bool | None = None)
     nb.metadata["course_name"] = notebook.stem
     replay = [(ex["name"], student_source(nb.cells[ex["cell"]].source), nb.cells[ex["cell"]].source,
                nb.cells[ex["check"]].source, trials_of(nb, ex, launches)) for ex in exercises(nb)]
-    here = [i for i, c in enumerate(nb.cells) if REPLAY_TAG in c.metadata.get("tags", [])]
-    assert len(here) <= 1, f"{notebook.name}: more than one cell tagged {REPLAY_TAG!r}"
-    assert not here or all(here[0] > ex["check"] for ex in exercises(nb)), \
-        f"{notebook.name}: the cell tagged {REPLAY_TAG!r} comes before an exercise's check"
     cell = nbformat.v4.new_code_cell(REPLAY.format(exercises=replay, groups=grouped_trials(nb, launches), out=str(out)))
-    nb.cells.insert(here[0] if here else len(nb.cells), cell)
+    nb.cells.insert(replay_position(nb, notebook.name), cell)
     copy = paths.build_dir() / "with_replay" / notebook.name
     copy.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(copy))

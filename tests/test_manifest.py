@@ -171,17 +171,20 @@ def test_the_replay_runs_before_a_tagged_cell_only_after_every_check():
     """A notebook may move its replay before one tagged cell (conftest.REPLAY_TAG), never before an exercise's check."""
     import nbformat
 
-    from conftest import REPLAY_TAG
-    from course_utils.tooling.student import exercises
+    from conftest import replay_position
 
-    tagged = {}
+    moved = []
     for path in sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)
-        at = [i for i, c in enumerate(nb.cells) if REPLAY_TAG in c.metadata.get("tags", [])]
-        if at:
-            assert len(at) == 1 and all(at[0] > ex["check"] for ex in exercises(nb)), path.stem
-            tagged[path.stem] = at[0]
-    assert set(tagged) == {"14_your_cluster"}
+        if replay_position(nb, path.stem) < len(nb.cells):      # refuses a second tag, or one before a check
+            moved.append(path.stem)
+    assert moved == ["14_your_cluster"]
+    early = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["tests-replay-here"]}),
+        nbformat.v4.new_code_cell("def guess(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"),
+        nbformat.v4.new_code_cell("checks.check_function(guess, [((1,), 1)], hint='h')")])
+    with pytest.raises(AssertionError, match="comes before an exercise's check"):
+        replay_position(early, "99_new")
 
 
 def test_the_paths_through_the_course_name_real_notebooks_and_sections_and_add_up():
