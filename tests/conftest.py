@@ -160,8 +160,8 @@ def grouped_trials(nb, launches: bool) -> list[tuple]:
 
 
 # A notebook may tag one cell with this: the replay then runs just before that cell instead of after the last one.
-# Notebook 14 tags the cell that waits for its time-limit drill (Slurm ends that job 60-90 s after it started,
-# whatever else runs): its exercises' jobs run on the notebook's own cluster while the drill's job counts down.
+# Notebook 14 tags its time-limit drill's cell, before the cell that stops its cluster: its exercises' jobs run on the
+# notebook's own cluster (after the stop, each trial would start a cluster of its own).
 # The cells after it must not read what the exercises' cells set (a wrong answer's job is the last one they ran).
 REPLAY_TAG = "tests-replay-here"
 

@@ -1,6 +1,6 @@
 """Notebook 14's exercises, answered wrong on purpose (see tests/answers/__init__.py). Their checks judge real jobs on
-the notebook's Slurm cluster: the replay runs before the cell that waits for the time-limit drill (tagged
-``conftest.REPLAY_TAG``), so the trials' jobs run on that cluster while the drill's job counts down."""
+the notebook's Slurm cluster: the replay runs before the time-limit drill's cell (tagged ``conftest.REPLAY_TAG``),
+while the cluster still runs, so the trials' jobs need no cluster of their own."""
 from answers import wrong
 
 ANSWERS = {
@@ -28,14 +28,10 @@ ANSWERS = {
             """),
         run="from_solution", launches=True, secret=("slots=2",)),
     "slurm_launcher_args": wrong(
-        copier=[("copies the --launcher_args of the failed command printed above", """
+        copier=("copies the --launcher_args of the failed command printed above", """
             def slurm_launcher_args() -> str:
                 return "--ntasks-per-node=1 --kill-on-bad-exit=1"
             """),
-                ("copies the cluster's default the cell above printed, MpiDefault=none, as the srun option", """
-            def slurm_launcher_args() -> str:
-                return "--mpi=none"
-            """)],
         misread=("takes Slurm's own PMI-2 for one every MPI speaks", """
             def slurm_launcher_args() -> str:
                 return "--mpi=pmi2"
