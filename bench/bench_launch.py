@@ -3,11 +3,17 @@
 1. Runner overhead: course_utils.kernel.launch.deepspeed against a bare `deepspeed` command running the same
    hello script (goal: ≤ 1.10×).
 2. What a launch costs against `python -c "import deepspeed"` (the interpreter starts it contains).
-3. With --tests: the wall time of `make test` (goal ≤ 10 min on 2 cores once set up).
+3. With --tests: the wall time of `make test` (goal ≤ 15 min on 2 cores once set up).
+4. With --smoke NN [NN ...] (or all): each notebook's test file alone, one after another, as `make test` runs it
+   (smoke parameters, every declared wrong answer replayed), against the budget of 75 s on 2 cores; beside it, how
+   long `import deepspeed` takes here, the machine's speed (these machines differ by up to 2×: compare figures
+   measured in one sitting). Only the notebooks' figures then.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,11 +51,44 @@ def import_deepspeed() -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+SMOKE_BUDGET_S = 75
+
+
+def smoke_seconds(notebooks: list[str]) -> None:
+    """Each notebook's test file alone, timed (``pytest -p no:xdist``, a basetemp of its own under build/bench/)."""
+    files = {p.name[len("test_nb_"):len("test_nb_") + 2]: p for p in sorted((paths.ROOT / "tests").glob("test_nb_*.py"))}
+    chosen = sorted(files) if notebooks == ["all"] else notebooks
+    unknown = [n for n in chosen if n not in files]
+    if unknown:
+        raise SystemExit(f"no test file for notebook(s) {unknown}: choose among {sorted(files)} or all")
+    reference = statistics.median(timed(import_deepspeed) for _ in range(3))
+    print(f"this machine: `import deepspeed` in {reference:.2f} s (median of 3)")
+    over = []
+    for n in chosen:
+        temp = paths.build_dir() / "bench" / f"smoke-{n}"
+        shutil.rmtree(temp, ignore_errors=True)
+        began = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(files[n]), f"--basetemp={temp}"],
+                              cwd=paths.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "COURSE_TRIALS"})   # every trial
+        seconds = time.perf_counter() - began
+        shutil.rmtree(temp, ignore_errors=True)
+        verdict = "FAILED" if done.returncode else ("over" if seconds > SMOKE_BUDGET_S else "ok")
+        over += [n] if seconds > SMOKE_BUDGET_S else []
+        print(f"notebook {n}: {seconds:6.1f} s  ({seconds / SMOKE_BUDGET_S:4.2f} × the {SMOKE_BUDGET_S} s budget)  {verdict}"
+              + (f"\n{done.stdout[-2000:]}" if done.returncode else ""))
+    print(f"over the budget here: {' '.join(over) or 'none'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tests", action="store_true", help="also time the whole test suite as `make test` runs it")
+    parser.add_argument("--smoke", nargs="+", metavar="NN", help="time these notebooks' test files alone (or: all)")
     a = parser.parse_args()
+    if a.smoke:
+        smoke_seconds(a.smoke)
+        return
     runner_launch()                                   # warm caches (JIT ops, page cache) once
     rows = {}
     for name, fn in [("bare deepspeed launch", bare_launch), ("course_utils.kernel.launch", runner_launch),
@@ -64,7 +103,7 @@ def main() -> None:
           f"one `import deepspeed`")
     if a.tests:
         t = timed(lambda: subprocess.run(["make", "test"], cwd=paths.ROOT, check=True))
-        print(f"make test: {t:.0f} s wall = {t / 60:.1f} min (goal ≤ 10 min on 2 cores once set up)")
+        print(f"make test: {t:.0f} s wall = {t / 60:.1f} min (goal ≤ 15 min on 2 cores once set up)")
 
 
 if __name__ == "__main__":
