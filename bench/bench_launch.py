@@ -63,10 +63,11 @@ def smoke_seconds(notebooks: list[str]) -> None:
         raise SystemExit(f"no test file for notebook(s) {unknown}: choose among {sorted(files)} or all")
     reference = statistics.median(timed(import_deepspeed) for _ in range(3))
     print(f"this machine: `import deepspeed` in {reference:.2f} s (median of 3)")
-    over = []
+    over, failed = [], []
     for n in chosen:
         temp = paths.build_dir() / "bench" / f"smoke-{n}"
         shutil.rmtree(temp, ignore_errors=True)
+        temp.parent.mkdir(parents=True, exist_ok=True)       # pytest makes the basetemp, not its parents
         began = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(files[n]), f"--basetemp={temp}"],
                               cwd=paths.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -75,9 +76,12 @@ def smoke_seconds(notebooks: list[str]) -> None:
         shutil.rmtree(temp, ignore_errors=True)
         verdict = "FAILED" if done.returncode else ("over" if seconds > SMOKE_BUDGET_S else "ok")
         over += [n] if seconds > SMOKE_BUDGET_S else []
+        failed += [n] if done.returncode else []
         print(f"notebook {n}: {seconds:6.1f} s  ({seconds / SMOKE_BUDGET_S:4.2f} × the {SMOKE_BUDGET_S} s budget)  {verdict}"
               + (f"\n{done.stdout[-2000:]}" if done.returncode else ""))
     print(f"over the budget here: {' '.join(over) or 'none'}")
+    if failed:
+        raise SystemExit(f"the tests of notebook(s) {' '.join(failed)} failed: their times are not smoke runs'")
 
 
 def main() -> None:
