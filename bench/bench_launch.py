@@ -73,7 +73,8 @@ def smoke_seconds(notebooks: list[str]) -> None:
                               cwd=paths.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={k: v for k, v in os.environ.items() if k != "COURSE_TRIALS"})   # every trial
         seconds = time.perf_counter() - began
-        shutil.rmtree(temp, ignore_errors=True)
+        if done.returncode == 0:                               # a failure's executed notebook stays, to be read
+            shutil.rmtree(temp, ignore_errors=True)
         verdict = "FAILED" if done.returncode else ("over" if seconds > SMOKE_BUDGET_S else "ok")
         over += [n] if seconds > SMOKE_BUDGET_S else []
         failed += [n] if done.returncode else []
