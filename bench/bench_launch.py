@@ -82,7 +82,7 @@ def smoke_seconds(notebooks: list[str]) -> None:
               + (f"\n{done.stdout[-2000:]}" if done.returncode else ""))
     print(f"over the budget here: {' '.join(over) or 'none'}")
     if failed:
-        raise SystemExit(f"the tests of notebook(s) {' '.join(failed)} failed: their times are not smoke runs'")
+        raise SystemExit(f"the tests of notebook(s) {' '.join(failed)} failed: their times are not smoke runs' times")
 
 
 def main() -> None:
