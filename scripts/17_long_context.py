@@ -11,7 +11,7 @@
    - "yours": your ``shard`` and ``sp_loss`` (``--yours``, notebook 17's exercises).
    Each run records per step the tokens each rank held, the loss over the whole sequence, the gradient norm, and the
    bytes of one step's all-to-alls (DeepSpeed's comms logger).
-4. With ``--grow``: every rank joins its own memory limit (``--cgroup_procs``, one per local rank, as in
+4. With ``--grow``: every rank puts itself under its own limit of ``--cap_mb`` MiB of tensors (as in
    ``scripts/17_longest_sequence.py``) and trains sequences of the lengths given, in order, until the limit ends the
    launch — notebook 17's longest sequence at this SP size.
 
@@ -45,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--yours", nargs="*", default=[], help="files defining your shard(...) and sp_loss(...)")
     parser.add_argument("--no_reference", action="store_true", help="skip the one-process reference")
     parser.add_argument("--grow", type=int, nargs="*", default=[], help="lengths to train under the limit, in order")
-    parser.add_argument("--cap_mb", type=int, default=0, help="each rank's limit for --grow, MiB")
-    parser.add_argument("--cgroup_procs", nargs="*", default=[], help="CPU: each local rank's memory cgroup.procs")
+    parser.add_argument("--cap_mb", type=int, default=0, help="each rank's limit of tensors for --grow, MiB")
     parser.add_argument("--kernel", default=KERNEL, choices=KERNELS, help="the attention kernel of --grow")
     return parser
 
@@ -155,10 +154,11 @@ def grow(args: argparse.Namespace, mpu) -> None:
     """Section 4 of the module's docstring: the limit, then lengths until it ends the launch."""
     from course_utils.rank.engine import training_dtype
 
-    limit, meter = sequence_memory.join_limit(args.cap_mb, args.cgroup_procs)
+    limit, meter = sequence_memory.count_limit(args.cap_mb)
     sp = dist.get_world_size()
-    engine = sequence_memory.engine_for(sp, training_dtype(), mpu)
-    sequence_memory.grow(engine, sp, args.grow, 1, meter, limit.cap_bytes, kernel=args.kernel)
+    with meter.counter:
+        engine = sequence_memory.engine_for(sp, training_dtype(), mpu)
+        sequence_memory.grow(engine, sp, args.grow, 1, meter, limit.cap_bytes, kernel=args.kernel)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Notebook 17's memory launches without a launch: how the ranks' records become trained / out of memory and a cost
-per token, what the attention probe reads, that ALST's tiled logits+loss equals the plain loss only when the mean is
+"""Notebook 17's memory launches without a launch: what the ranks' limit counts, how the ranks' records become
+trained / out of memory and a cost per token, what the attention probe reads, that ALST's tiled logits+loss equals the plain loss only when the mean is
 taken inside the shards, and that the tiled MLP is patched on one model only."""
 import pytest
 import torch
@@ -11,7 +11,7 @@ from course_utils.rank import long_context as lc
 from course_utils.rank import sequence_memory as sm
 
 MiB = 2**20
-KILLED = "Rank 1 was killed by SIGKILL (exit status -9) and left no Python traceback"
+REFUSED = "Rank 1 exited with code 1: 2048 tokens: torch.OutOfMemoryError: aten.mm.default took this rank's tensors to 131.8 MiB, past its limit of 130 MiB"
 
 
 def trial(sp: int, length: int, peak: int, held: int = 10 * MiB, heads=(4, 2)) -> LengthTrial:
@@ -21,11 +21,11 @@ def trial(sp: int, length: int, peak: int, held: int = 10 * MiB, heads=(4, 2)) -
                         "element_size": 4})
 
 
-def outcome(sp: int, lengths: list[int], trained: dict[int, int], error: str | None = KILLED) -> views.SpOutcome:
+def outcome(sp: int, lengths: list[int], trained: dict[int, int], error: str | None = REFUSED) -> views.SpOutcome:
     """A launch of ``sp`` ranks that attempted ``lengths`` and trained those in ``trained`` (length → peak) on every
     rank."""
     trials = [trial(sp, n, peak) for n, peak in trained.items() for _ in range(sp)]
-    o = views.SpOutcome(sp, CAP_MB, [Limit("cgroup", CAP_MB * MiB, "cpu")] * sp,
+    o = views.SpOutcome(sp, CAP_MB, [Limit("tensor", CAP_MB * MiB, "cpu")] * sp,
                         [LengthAttempt(sp, n) for n in lengths], trials, error=error)
     o.statuses = views.statuses(o.attempts, o.trained, error)
     return o
@@ -73,19 +73,37 @@ def test_lengths_that_do_not_cut_evenly_or_do_not_grow_are_refused_before_any_la
         views.longest_sequence(2, kernel="flash")
 
 
-def test_without_a_memory_cgroup_the_launch_is_skipped_with_the_reason(monkeypatch):
-    from contextlib import contextmanager
+def test_the_limit_counts_new_storages_once_until_torch_frees_them():
+    from course_utils.rank.tensor_bytes import TensorBytes
 
-    from course_utils.kernel.launch import memcap
+    before = torch.ones(256)                      # allocated before counting began: never counted
+    with TensorBytes() as counter:
+        a = torch.zeros(1000)                     # 4000 bytes
+        view = a.view(10, 100)
+        a.add_(1)                                 # a view and an in-place result: the same storage
+        b = before[:10] * 2                       # a view of an uncounted storage adds nothing; the product 40 bytes
+        empty = torch.empty(0)
+        empty.resize_(500)                        # resized in place: counted at its new size, 2000 bytes
+        assert counter.count == 4000 + 40 + 2000
+        del a, view
+        assert counter.count == 2040
+        before.mul_(2)                            # in place on an uncounted storage
+        del before, b, empty
+        assert counter.count == 0 and counter.peak == 6040
+        counter.reset_peak()
+        x = torch.randn(64, 64, requires_grad=True)
+        (x @ x).softmax(-1).sum().backward()      # the backward's tensors are counted too, in this thread
+        assert counter.peak > 3 * 64 * 64 * 4 and counter.count == 2 * 64 * 64 * 4    # x and its gradient are left
 
-    @contextmanager
-    def refused(mb):
-        raise memcap.MemoryCapUnavailable("not root")
-        yield
 
-    monkeypatch.setattr(memcap, "memory_cap", refused)
-    skipped = views.longest_sequence(2)
-    assert skipped.skipped == "not root" and skipped.trials == [] and "skipped" in views.summary(skipped)
+def test_past_its_cap_an_allocation_raises_torch_out_of_memory_and_the_count_is_exact():
+    from course_utils.rank.tensor_bytes import TensorBytes
+
+    with TensorBytes(cap_bytes=10_000) as counter:
+        kept = torch.zeros(2000)                  # 8000 bytes: under the cap
+        with pytest.raises(torch.OutOfMemoryError, match="past its limit"):
+            torch.zeros(1000)                     # 12000 > 10000
+        assert counter.count == 8000 and kept.numel() == 2000     # the refused tensor was never handed out
 
 
 def hidden_and_labels(length: int = 256):

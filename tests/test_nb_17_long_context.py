@@ -44,23 +44,23 @@ def test_sequence_parallel_training_limits_tiling_and_the_trainer():
     # the all-to-alls the comms logger saw = the formula, for both runs
     for row in m["alltoall"]:
         assert {str(k): v for k, v in row["logged messages {bytes: count}"].items()} == alltoall(L, 2)
-    # the longest sequence under the same limit per rank: grows with SP, by less than SP from 2 to 4
+    # the longest sequence under the same limit per rank: a count of tensor bytes, the same in every run:
+    # grows with SP, by less than SP from 2 to 4, more than the square root of SP from 1 to 4
     longest = {int(k): v for k, v in m["longest_sequence"].items()}
-    if not any(m["skipped"].values()):
-        assert longest[1] < longest[2] < longest[4] < 2 * longest[2]
-        assert m["predicted_sp4_longest"] >= longest[4]
-        for sp, peaks in m["peaks"].items():
-            assert all(peak < m["cap_mb"] * 2**20 for peak in peaks.values())
-        # at the same length a rank of SP 2 holds less than SP 1's rank, and SP 4's less than SP 2's
-        p = {int(sp): {int(n): v for n, v in peaks.items()} for sp, peaks in m["peaks"].items()}
-        assert p[2][1024] < p[1][1024] and p[4][1536] < p[2][1536]
-        # tiling: the same loss and gradients, each tiling a smaller peak, both the smallest
-        tiling = {r["setting"]: r for r in m["tiling"]}
-        assert max(r["max |Δ grad|"] for r in tiling.values()) < 1e-6
-        assert tiling["both"]["pass peak MiB"] < min(tiling["TiledMLP"]["pass peak MiB"],
-                                                     tiling["TiledFusedLogitsLoss"]["pass peak MiB"])
-        assert max(tiling["TiledMLP"]["pass peak MiB"], tiling["TiledFusedLogitsLoss"]["pass peak MiB"]) \
-            < tiling["plain"]["pass peak MiB"]
+    assert longest[1] < longest[2] < longest[4] < 2 * longest[2] and 2 * longest[1] < longest[4] < 4 * longest[1]
+    assert m["predicted_sp4_longest"] >= longest[4]
+    for sp, peaks in m["peaks"].items():
+        assert all(peak < m["cap_mb"] * 2**20 for peak in peaks.values())
+    # at the same length a rank of SP 2 holds less than SP 1's rank, and SP 4's less than SP 2's
+    p = {int(sp): {int(n): v for n, v in peaks.items()} for sp, peaks in m["peaks"].items()}
+    assert p[2][1024] < p[1][1024] and p[4][1536] < p[2][1536]
+    # tiling: the same loss and gradients, each tiling a smaller peak, both the smallest
+    tiling = {r["setting"]: r for r in m["tiling"]}
+    assert max(r["max |Δ grad|"] for r in tiling.values()) < 1e-6
+    assert tiling["both"]["pass peak MiB"] < min(tiling["TiledMLP"]["pass peak MiB"],
+                                                 tiling["TiledFusedLogitsLoss"]["pass peak MiB"])
+    assert max(tiling["TiledMLP"]["pass peak MiB"], tiling["TiledFusedLogitsLoss"]["pass peak MiB"]) \
+        < tiling["plain"]["pass peak MiB"]
     # the Trainer with ParallelismConfig: one process's losses, every SP rank on every sample in order
     assert m["trainer_loss_gap"] <= tol
     assert m["trainer_samples"] == [list(range(len(ref)))] * 2

@@ -82,11 +82,25 @@ def grow(engine, sp: int, lengths, steps: int, meter: "Meter", cap_bytes: int, k
     for length in lengths:
         record(LengthAttempt(sp, length))
         meter.start()
-        losses, seconds, attention = train_length(engine, sp, length, steps, kernel)
+        try:
+            losses, seconds, attention = train_length(engine, sp, length, steps, kernel)
+        except torch.OutOfMemoryError as err:
+            out_of_memory(length, err)
         peak = meter.base + meter.rise()
         record(LengthTrial(sp, length, length // sp, peak, meter.base, seconds, losses, attention, kernel, cap_bytes))
         rank0_print(f"{length:>6} tokens ({length // sp} a rank): loss {losses[-1]:.3f}, {max(seconds):.2f} s a step, "
                     f"peak {peak / 2**20:.0f} MiB")
+
+
+def out_of_memory(length: int, err: torch.OutOfMemoryError) -> None:
+    """End this rank at the length its limit refused, with one line (the launcher then ends the other ranks, which
+    may be waiting for it in a collective), as a GPU rank ends at its allocator's ``OutOfMemoryError``."""
+    import os
+    import sys
+
+    print(f"{length} tokens: torch.OutOfMemoryError: {err}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)         # no interpreter shutdown: gloo's threads may be waiting on a rank that ended
 
 
 def length_batches(engine, sp: int, length: int, steps: int) -> Iterator[dict]:
@@ -272,51 +286,36 @@ TILING_SETTINGS = {"plain": (False, False), "TiledMLP": (True, False), "TiledFus
 
 
 class Meter:
-    """The rise of what a rank's limit counts over one block: a memory cgroup's peak over what it held at the start
-    (every page the rank touched: tensors, the allocator's rounding, anything else), or on a GPU the caching
-    allocator's peak of tensor bytes over those allocated at the start."""
+    """What a rank's limit counts over one block: the peak of its tensor bytes (``course_utils.rank.tensor_bytes``)
+    over what it held at the start."""
 
-    def __init__(self, kind: str, procs_file: str | None):
-        self.kind, self.procs_file, self.base = kind, procs_file, 0
+    def __init__(self, counter):
+        self.counter, self.base = counter, 0
 
     def start(self) -> None:
-        from course_utils.rank import bigger
-        from course_utils.rank.engine import accelerator_bytes, free_memory, reset_accelerator_peak
+        from course_utils.rank.engine import free_memory
 
         free_memory()
-        if self.kind == "cgroup":
-            bigger.reset_peak(self.procs_file)
-            self.base = bigger.charged(self.procs_file)
-        elif self.kind == "cuda":
-            reset_accelerator_peak()
-            self.base = accelerator_bytes()["allocated"]
+        self.counter.reset_peak()
+        self.base = self.counter.count
 
     def rise(self) -> int:
-        from course_utils.rank import bigger
-        from course_utils.rank.engine import accelerator_bytes
-
-        if self.kind == "cgroup":
-            return bigger.peak(self.procs_file) - self.base
-        if self.kind == "cuda":
-            return accelerator_bytes()["peak"] - self.base
-        return 0
+        return self.counter.peak - self.base
 
 
-
-def join_limit(cap_mb: int, cgroup_procs: list[str]) -> tuple[object, Meter]:
-    """Put this rank under its limit — on a CPU the memory cgroup the notebook made for its local rank, one per rank as
-    if each had a device of its own (``course_utils.rank.bigger.apply_limit``) — record it, and return it with the
-    :class:`Meter` that reads it. Call it after the imports, before building the engine."""
-    import os
+def count_limit(cap_mb: int) -> tuple[object, Meter]:
+    """This rank's limit: ``cap_mb`` MiB of tensors, counted by a ``TensorBytes`` mode (enter ``meter.counter``
+    before building the engine); record it, and return it with the :class:`Meter` that reads it."""
+    from deepspeed.accelerator import get_accelerator
 
     from course_utils.common.record import record
-    from course_utils.rank.bigger import apply_limit
+    from course_utils.common.records.bigger import Limit
+    from course_utils.rank.tensor_bytes import TensorBytes
 
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    procs = cgroup_procs[local] if len(cgroup_procs) > local else None
-    limit = apply_limit(cap_mb * 2**20, procs)
+    limit = Limit("tensor", cap_mb * 2**20, get_accelerator().device_name())
     record(limit)
-    return limit, Meter(limit.kind, procs)
+    return limit, Meter(TensorBytes(limit.cap_bytes))
+
 
 def tiling_comparison(engine, sp: int, length: int, meter: Meter) -> TilingComparison:
     """One forward and backward pass of the engine at ``length`` with and without each tiling

@@ -5,7 +5,7 @@ failing cell and the run goes on with the rest; the exit status is non-zero if a
 
 Notebooks run two at a time (``--lanes``), each in its own kernel and its own ranks, except those whose
 manifest entry (``notebooks/manifest.toml``) says ``runs_alone = "<why>"``: their figures compare timings (step times, training
-times) or memory peaks, which a neighbour would distort, so they run when nothing else does. The others start longest
+times), which a neighbour would distort, so they run when nothing else does. The others start longest
 first, by the previous ``build/report.md``, so the two lanes end together. The report names the notebooks
 that ran side by side; ``--lanes 1`` runs one at a time, for per-notebook timings.
 

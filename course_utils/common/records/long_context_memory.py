@@ -1,11 +1,12 @@
 """Notebook 17's memory launches (``scripts/17_longest_sequence.py``): the lengths tried, the records of each, and the
 engine's keys, named once for the ranks and the notebook.
 
-One launch per sequence-parallel (SP) size, the world size of the launch: every rank under a limit of its own (a
-memory cgroup on a CPU, like one device each) trains the course's tiny Llama on sequences of growing length until the
-limit stops it. Before each length every rank records a :class:`LengthAttempt`; after it trained, a
-:class:`LengthTrial` (its own limit's peak). A length attempted without a trial is the one the limit stopped. A
-launch may first compare ALST's tiled MLP and tiled logits+loss with the plain ones (:class:`TilingComparison`).
+One launch per sequence-parallel (SP) size, the world size of the launch: every rank under a limit of its own (a count
+of its tensors' bytes, ``course_utils.rank.tensor_bytes``, like one device each) trains the course's tiny Llama on
+sequences of growing length until the limit stops it. Before each length every rank records a
+:class:`LengthAttempt`; after it trained, a :class:`LengthTrial` (its own limit's peak). A length attempted without a
+trial is the one the limit stopped. A launch may first compare ALST's tiled MLP and tiled logits+loss with the plain
+ones (:class:`TilingComparison`).
 """
 from __future__ import annotations
 
@@ -14,26 +15,24 @@ from dataclasses import dataclass
 from course_utils.common.record import Record
 
 # Sequence lengths, all multiples of 4·64 (SP 4 cuts each into 4 pieces of whole data periods), and each rank's limit
-# (MiB it may allocate after joining its cgroup). With torch's math attention kernel (each head's L × L scores kept:
-# memory grows with the square of the length) the limit stops SP 1 after 1024 tokens, SP 2 after 1536 and SP 4 after
-# 2048 on 2 CPU cores. The steps are wide on purpose: the peak of the longest length that trains and of the first that
-# does not stay 20 MiB or more from the limit (peaks vary run to run by about 8 MiB), so that the outcome, and a
-# prediction of it, do not depend on the run (2560 tokens, between them at SP 4, came within 6 MiB of it).
-LENGTHS = (512, 768, 1024, 1536, 2048, 3072)
-CAP_MB = 120
+# (MiB of tensors it may hold from before its engine is built). With torch's math attention kernel (each head's L × L
+# scores kept: memory grows with the square of the length) the limit stops SP 1 after 1024 tokens (peak 84 MiB; 1536
+# would reach 168), SP 2 after 1536 (87; 2048: 145) and SP 4 after 2560 (114; 3072: 160). The peaks are counts, the
+# same in every run; the limit stays 15 MiB or more from each, so that a later library version that moves them a
+# little leaves the outcome, and a prediction of it, as they are.
+LENGTHS = (512, 768, 1024, 1536, 2048, 2560, 3072)
+CAP_MB = 130
 KERNEL = "math"
 KERNELS = ("default", "math")      # attention kernels: the one torch picks (a flash kernel here), or its math kernel
-STEPS = 1             # optimizer steps per length: three steps instead of one raised the peaks of 2048 and 3072 tokens
-#                       by 0.5 MiB (SP 1); the first length's by 5 MiB, as its later steps also hold the optimizer
-#                       states that the first step makes after its backward pass
-TILING_LENGTH = 2048  # the length of the tiled-versus-plain comparison
+STEPS = 1             # optimizer steps per length: one is enough for a peak; the first length's step also makes the
+#                       optimizer states (after its backward pass), which every later length holds before it starts
 
 CONFIG = "17_long_context.json"    # the engine config of notebook 17 (ZeRO-3, AdamW), with the keys below
 # Small buckets for a model of 0.4 M parameters: ZeRO-3 allocates its gradient bucket whole at start
 # (``DeepSpeedZeroOptimizer_Stage3.__init__``: ``torch.empty(reduce_bucket_size)``), 2 GB at DeepSpeed's default of
-# 5e8 elements. A CPU's cgroup counts only the pages written (the same peaks with and without these keys), a GPU's
-# capped allocator the whole block. ``reduce_scatter`` stays DeepSpeed's default, said here because the ranks' loss
-# depends on it: this path averages the SP ranks' gradients (``course_utils.rank.sequence_memory.shard_loss``).
+# 5e8 elements, which the rank's count of its tensors (like a GPU's allocator) would hold whole. ``reduce_scatter``
+# stays DeepSpeed's default, said here because the ranks' loss depends on it: this path averages the SP ranks'
+# gradients (``course_utils.rank.sequence_memory.shard_loss``).
 ZERO_KEYS = {"reduce_bucket_size": 1e6, "stage3_prefetch_bucket_size": 1e6, "stage3_max_live_parameters": 1e6,
              "stage3_max_reuse_distance": 1e6, "sub_group_size": 1e6, "reduce_scatter": True}
 
@@ -63,7 +62,7 @@ class LengthTrial(Record, name="long_context_length"):
 @dataclass
 class TilingComparison(Record, name="long_context_tiling"):
     """One forward and backward pass of the engine at ``length`` with and without ALST's tiling (no optimizer step),
-    measured by the rank's limit (a memory cgroup's peak on a CPU): per setting, the pass's rise over what the rank
+    measured by the rank's limit (the count of its tensors' bytes): per setting, the pass's rise over what the rank
     held before it, the loss, and the largest gradient difference from the plain pass."""
     length: int
     shards: int                   # slices of this rank's shard each tiling computes at a time (TiledMLP's rule)

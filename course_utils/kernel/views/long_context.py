@@ -32,13 +32,10 @@ def launch(runs: list[str], seq_len: int, steps: int, timeout: int, tutorial: st
            quiet: bool = False) -> SpLaunch:
     """One launch of ``scripts/17_long_context.py`` on 2 CPU ranks (on any machine: its growth is compared with notebook
     17's other CPU launches): ``runs`` among "adapter", "tutorial", "yours"; with ``grow``, then those lengths under a
-    limit of ``cap_mb`` MiB per rank (a memory cgroup each) until the limit ends the launch — that end is the
-    measurement, not an error (:attr:`SpLaunch.growth`)."""
-    from contextlib import ExitStack
-
+    limit of ``cap_mb`` MiB of tensors per rank until the limit ends the launch — that end is the measurement, not an
+    error (:attr:`SpLaunch.growth`)."""
     from course_utils.kernel import hardware
     from course_utils.kernel import launch as runner
-    from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
     from course_utils.kernel.views import long_context_memory as memory
     from course_utils.kernel.views.bigger import killed_for_memory
 
@@ -46,30 +43,22 @@ def launch(runs: list[str], seq_len: int, steps: int, timeout: int, tutorial: st
     args += ["--tutorial", tutorial] if tutorial else []
     args += ["--yours", *yours] if yours else []
     args += [] if reference else ["--no_reference"]
-    skipped = None
-    with ExitStack() as stack:
-        if grow:
-            try:
-                procs = [stack.enter_context(memory_cap(cap_mb)) for _ in range(PROCS)]
-                args += ["--grow", *grow, "--cap_mb", cap_mb, "--cgroup_procs", *procs]
-            except MemoryCapUnavailable as err:
-                skipped = str(err)
-        try:
-            env = hardware.cpu_ranks_env(PROCS, gpu_machine=hardware.detect().is_gpu)
-            result, error = runner.deepspeed(SCRIPT, *args, procs=PROCS, min_ranks=PROCS, config=CONFIG, env=env,
-                                             timeout=timeout, quiet=quiet), None
-        except runner.LaunchError as err:
-            if not (grow and killed_for_memory(str(err)) and read_as(err.result.records, SpRun, rank=None)):
-                raise
-            result, error = err.result, str(err)
+    args += ["--grow", *grow, "--cap_mb", cap_mb] if grow else []
+    try:
+        env = hardware.cpu_ranks_env(PROCS, gpu_machine=hardware.detect().is_gpu)
+        result, error = runner.deepspeed(SCRIPT, *args, procs=PROCS, min_ranks=PROCS, config=CONFIG, env=env,
+                                         timeout=timeout, quiet=quiet), None
+    except runner.LaunchError as err:
+        if not (grow and killed_for_memory(str(err)) and read_as(err.result.records, SpRun, rank=None)):
+            raise
+        result, error = err.result, str(err)
     by_label: dict[str, list[SpRun]] = {}
     for r in sorted(read_as(result.records, SpRun, rank=None), key=lambda r: r.rank):
         by_label.setdefault(r.label, []).append(r)
     refs, shapes = read_as(result.records, Reference), read_as(result.records, Shape)
     growth = None
     if grow:
-        growth = (memory.SpOutcome(PROCS, cap_mb, [], [], [], skipped=skipped) if skipped else
-                  memory.outcome_of(PROCS, cap_mb, result.records, error, result.seconds))
+        growth = memory.outcome_of(PROCS, cap_mb, result.records, error, result.seconds)
     return SpLaunch(refs[0] if refs else None, shapes[0] if shapes else None, read_as(result.records, HeadRule),
                     by_label, result.seconds, growth)
 

@@ -2,15 +2,15 @@
 rank, what a token costs a rank at each SP size, and what ALST's tiling saves.
 
 :func:`longest_sequence` is one launch of ``scripts/17_longest_sequence.py`` on SP ranks (SP = the world size), each
-rank under a memory cgroup of its own (``launch.memcap``; one per rank, as if each had a device of its own). The
-cgroups are removed when the launch ends, whatever ended it (``memory_cap`` waits for their processes, then removes
-them); the runner removes the launch's ``/dev/shm`` buffers, also after the out-of-memory killer ended a rank. The
-ranks are CPU ranks on every machine (:func:`one_rank`, :func:`four_ranks`, and notebook 17's first launch for SP 2),
-so that every SP size of the lesson is measured on the same kind of device under the same kind of limit.
+rank under a limit of its own: a count of the bytes of its tensors (``course_utils.rank.tensor_bytes``), past which
+its allocation raises ``torch.OutOfMemoryError`` and the launch ends; the runner removes the launch's ``/dev/shm``
+buffers whatever ended it. A count, not the machine's memory: the same on every machine and in every run, so that
+the longest lengths, and a prediction of them, do not depend on the run. The ranks are CPU ranks on every machine
+(:func:`one_rank`, :func:`four_ranks`, and notebook 17's first launch for SP 2), so that every SP size of the lesson
+is measured on the same kind of device under the same limit.
 """
 from __future__ import annotations
 
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from course_utils.common.record import read_as
@@ -35,7 +35,6 @@ class SpOutcome:
     trials: list[LengthTrial]             # every rank's
     tiling: TilingComparison | None = None
     error: str | None = None              # the runner's message when the launch failed
-    skipped: str | None = None            # why nothing was launched (no memory cgroup on this machine)
     seconds: float = 0.0
     statuses: dict = field(default_factory=dict)     # length → trained | out of memory | failed
 
@@ -95,10 +94,8 @@ def longest_sequence(sp: int, cap_mb: int = CAP_MB, lengths: list[int] | tuple[i
                      steps: int = STEPS, tiling_length: int = 0, kernel: str = KERNEL,
                      timeout: int = 120, quiet: bool = True) -> SpOutcome:
     """Launch SP ``sp`` (``sp`` ranks) with each rank under a limit of ``cap_mb`` MiB, training ``lengths`` in this
-    order until one does not fit (with ``tiling_length``, the tiling comparison first, at that length). A limit the
-    machine cannot give (no memory cgroup, not root) skips the launch with the reason."""
+    order until one does not fit (with ``tiling_length``, the tiling comparison first, at that length)."""
     from course_utils.kernel import hardware
-    from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
 
     whole = max(SP_SIZES) * PERIOD
     bad = [n for n in lengths if n % whole]
@@ -112,13 +109,7 @@ def longest_sequence(sp: int, cap_mb: int = CAP_MB, lengths: list[int] | tuple[i
     args = (["--lengths", *lengths, "--cap_mb", cap_mb, "--steps", steps, "--tiling_length", tiling_length,
              "--kernel", kernel])
     env = hardware.cpu_ranks_env(sp, gpu_machine=hardware.detect().is_gpu)
-    records, error, seconds = [], None, 0.0
-    try:
-        with ExitStack() as stack:
-            procs = [stack.enter_context(memory_cap(cap_mb)) for _ in range(sp)]
-            records, error, seconds = _launch(sp, args + ["--cgroup_procs", *procs], env, timeout, quiet)
-    except MemoryCapUnavailable as err:
-        return SpOutcome(sp, cap_mb, [], [], [], skipped=str(err))
+    records, error, seconds = _launch(sp, args, env, timeout, quiet)
     return outcome_of(sp, cap_mb, records, error, seconds)
 
 
@@ -160,12 +151,9 @@ def four_ranks(cap_mb: int = CAP_MB, lengths=LENGTHS, **kwargs) -> SpOutcome:
 
 def summary(outcome: SpOutcome) -> str:
     """One line per length of a launch, and how the launch ended."""
-    if outcome.skipped:
-        return f"SP {outcome.sp}: skipped — {outcome.skipped}"
-    kind = outcome.limits[0].kind if outcome.limits else "?"
     kernel = outcome.trials[0].kernel if outcome.trials else "default"
-    lines = [f"SP {outcome.sp} ({outcome.sp} rank{'s' if outcome.sp > 1 else ''}, each under a {kind} limit of "
-             f"{outcome.cap_mb} MiB; attention kernel: {kernel}), {outcome.seconds:.1f} s:"]
+    lines = [f"SP {outcome.sp} ({outcome.sp} rank{'s' if outcome.sp > 1 else ''}, each under a limit of "
+             f"{outcome.cap_mb} MiB of tensors; attention kernel: {kernel}), {outcome.seconds:.1f} s:"]
     for length, status in outcome.statuses.items():
         if status == TRAINED:
             lines.append(f"  {length:>6} tokens ({length // outcome.sp:>5} a rank): trained, loss "
@@ -183,8 +171,8 @@ def summary(outcome: SpOutcome) -> str:
 
 
 def peaks_table(outcomes: list[SpOutcome]):
-    """Each length's peak per rank (MiB) at each SP size: the most any rank's limit counted; "killed" where the limit
-    ended the launch, empty where it was not tried."""
+    """Each length's peak per rank (MiB) at each SP size: the most any rank's limit counted; "out of memory" where the
+    limit ended the launch, empty where it was not tried."""
     import pandas as pd
 
     rows = {}
