@@ -24,12 +24,20 @@ import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 
-def _storages(tree) -> list:
-    return [leaf.untyped_storage() for leaf in tree_leaves(tree)
-            if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta"]
+def _tensors(values):
+    """The tensors among an operator's arguments or results: themselves, or in a list or tuple (aten's signatures nest
+    no deeper)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (item for item in value if isinstance(item, torch.Tensor))
+
+
+def _storages(values) -> list:
+    return [tensor.untyped_storage() for tensor in _tensors(values) if tensor.device.type != "meta"]
 
 
 class TensorBytes(TorchDispatchMode):
@@ -48,8 +56,8 @@ class TensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        held_by_inputs = {storage._cdata for storage in _storages((args, kwargs))}
-        for storage in _storages(out):
+        held_by_inputs = {storage._cdata for storage in _storages((*args, *(kwargs or {}).values()))}
+        for storage in _storages(out if isinstance(out, (list, tuple)) else (out,)):
             key, size = storage._cdata, storage.nbytes()
             before = self._live.get(key)
             if before is None:
