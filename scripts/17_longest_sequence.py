@@ -20,7 +20,7 @@ from course_utils.common.record import record
 from course_utils.common.records.long_context_memory import CAP_MB, KERNEL, KERNELS, LENGTHS, STEPS
 from course_utils.rank.engine import training_dtype
 from course_utils.rank.scaffolding import finish, parse_args, rank0_print
-from course_utils.rank.sequence_memory import engine_for, grow, count_limit, tiling_comparison
+from course_utils.rank.sequence_memory import count_limit, engine_for, grow, tiling_comparison
 
 
 def build_parser() -> argparse.ArgumentParser:
