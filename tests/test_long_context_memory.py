@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from course_utils.common.records.bigger import Limit
-from course_utils.common.records.long_context_memory import CAP_MB, LENGTHS, LengthAttempt, LengthTrial
+from course_utils.common.records.long_context_memory import CAP_MB, LENGTHS, LengthAttempt, LengthRefused, LengthTrial
 from course_utils.kernel.views import long_context_memory as views
 from course_utils.rank import long_context as lc
 from course_utils.rank import sequence_memory as sm
@@ -21,13 +21,15 @@ def trial(sp: int, length: int, peak: int, held: int = 10 * MiB, heads=(4, 2)) -
                         "element_size": 4})
 
 
-def outcome(sp: int, lengths: list[int], trained: dict[int, int], error: str | None = REFUSED) -> views.SpOutcome:
+def outcome(sp: int, lengths: list[int], trained: dict[int, int], error: str | None = REFUSED,
+            refused: bool = True) -> views.SpOutcome:
     """A launch of ``sp`` ranks that attempted ``lengths`` and trained those in ``trained`` (length → peak) on every
-    rank."""
+    rank; with ``refused``, every rank's limit recorded its refusal of the last length."""
     trials = [trial(sp, n, peak) for n, peak in trained.items() for _ in range(sp)]
+    refusals = [LengthRefused(sp, lengths[-1], "aten.mm.default", 131 * MiB, CAP_MB * MiB)] * sp if refused else []
     o = views.SpOutcome(sp, CAP_MB, [Limit("tensor", CAP_MB * MiB, "cpu")] * sp,
-                        [LengthAttempt(sp, n) for n in lengths], trials, error=error)
-    o.statuses = views.statuses(o.attempts, o.trained, error)
+                        [LengthAttempt(sp, n) for n in lengths], trials, error=error, refusals=refusals)
+    o.statuses = views.statuses(o.attempts, o.trained, [r.length for r in refusals])
     return o
 
 
@@ -35,8 +37,12 @@ def test_the_length_the_limit_stopped_is_out_of_memory_and_the_longest_is_the_la
     o = outcome(2, [1024, 2048, 4096], {1024: 30 * MiB, 2048: 50 * MiB})
     assert o.statuses == {1024: views.TRAINED, 2048: views.TRAINED, 4096: views.OUT_OF_MEMORY}
     assert o.longest == 2048 and o.peak(2048) == 50 * MiB
-    failed = outcome(2, [1024], {}, error="Rank 0 failed: ValueError: batch's seqlen=1000 isn't divisible by sp-size=2")
+    assert "4096 tokens ( 2048 a rank): out of memory — aten.mm.default took a rank's tensors to 131.0 MiB" \
+        in views.summary(o) and "the launch failed" not in views.summary(o)
+    failed = outcome(2, [1024], {}, error="Rank 0 failed: ValueError: batch's seqlen=1000 isn't divisible by sp-size=2",
+                     refused=False)
     assert failed.statuses == {1024: views.FAILED} and failed.longest is None
+    assert "the launch failed: Rank 0 failed: ValueError" in views.summary(failed)
 
 
 def test_a_length_counts_as_trained_only_when_every_rank_recorded_it():
@@ -104,6 +110,7 @@ def test_past_its_cap_an_allocation_raises_torch_out_of_memory_and_the_count_is_
         with pytest.raises(torch.OutOfMemoryError, match="past its limit"):
             torch.zeros(1000)                     # 12000 > 10000
         assert counter.count == 8000 and kept.numel() == 2000     # the refused tensor was never handed out
+        assert counter.refused[0].startswith("aten.") and counter.refused[1] == 12000   # what the rank records
 
 
 def hidden_and_labels(length: int = 256):

@@ -84,21 +84,28 @@ def grow(engine, sp: int, lengths, steps: int, meter: "Meter", cap_bytes: int, k
         meter.start()
         try:
             losses, seconds, attention = train_length(engine, sp, length, steps, kernel)
-        except torch.OutOfMemoryError as err:
-            out_of_memory(length, err)
+        except Exception as err:        # the limit's OutOfMemoryError, also where autograd's engine re-raised it
+            if meter.counter.refused is None:
+                raise
+            out_of_memory(sp, length, err, meter.counter)
         peak = meter.base + meter.rise()
         record(LengthTrial(sp, length, length // sp, peak, meter.base, seconds, losses, attention, kernel, cap_bytes))
         rank0_print(f"{length:>6} tokens ({length // sp} a rank): loss {losses[-1]:.3f}, {max(seconds):.2f} s a step, "
                     f"peak {peak / 2**20:.0f} MiB")
 
 
-def out_of_memory(length: int, err: torch.OutOfMemoryError) -> None:
-    """End this rank at the length its limit refused, with one line (the launcher then ends the other ranks, which
-    may be waiting for it in a collective), as a GPU rank ends at its allocator's ``OutOfMemoryError``."""
+def out_of_memory(sp: int, length: int, err: Exception, counter) -> None:
+    """End this rank at the length its limit refused: a :class:`LengthRefused` record and one line (the launcher then
+    ends the other ranks, which may be waiting for it in a collective), as a GPU rank ends at its allocator's
+    ``OutOfMemoryError``."""
     import os
     import sys
 
-    print(f"{length} tokens: torch.OutOfMemoryError: {err}", file=sys.stderr, flush=True)
+    from course_utils.common.record import record
+    from course_utils.common.records.long_context_memory import LengthRefused
+
+    record(LengthRefused(sp, length, *counter.refused, counter.cap_bytes))
+    print(f"{length} tokens: {type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)         # no interpreter shutdown: gloo's threads may be waiting on a rank that ended
 

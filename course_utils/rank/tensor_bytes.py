@@ -47,6 +47,7 @@ class TensorBytes(TorchDispatchMode):
     def __init__(self, cap_bytes: int | None = None):
         super().__init__()
         self.cap_bytes, self.count, self.peak, self._live = cap_bytes, 0, 0, {}
+        self.refused: tuple[str, int] | None = None     # (operator, count) of the allocation the cap refused
 
     def reset_peak(self) -> None:
         self.peak = self.count
@@ -69,6 +70,7 @@ class TensorBytes(TorchDispatchMode):
         if self.count > self.peak:
             self.peak = self.count
             if self.cap_bytes is not None and self.count > self.cap_bytes:
+                self.refused = str(func), self.count
                 raise torch.OutOfMemoryError(
                     f"{func} took this rank's tensors to {self.count / 2**20:.1f} MiB, past its limit of "
                     f"{self.cap_bytes / 2**20:.0f} MiB (course_utils.rank.tensor_bytes)")

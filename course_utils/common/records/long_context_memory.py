@@ -5,7 +5,7 @@ One launch per sequence-parallel (SP) size, the world size of the launch: every 
 of its tensors' bytes, ``course_utils.rank.tensor_bytes``, like one device each) trains the course's tiny Llama on
 sequences of growing length until the limit stops it. Before each length every rank records a
 :class:`LengthAttempt`; after it trained, a :class:`LengthTrial` (its own limit's peak). A length attempted without a
-trial is the one the limit stopped. A launch may first compare ALST's tiled MLP and tiled logits+loss with the plain
+trial is the one the limit stopped: its ranks record a :class:`LengthRefused`. A launch may first compare ALST's tiled MLP and tiled logits+loss with the plain
 ones (:class:`TilingComparison`).
 """
 from __future__ import annotations
@@ -42,6 +42,17 @@ class LengthAttempt(Record, name="long_context_attempt"):
     """A length a rank is about to train (recorded first: the limit may end the rank while it tries)."""
     sp: int
     length: int
+
+
+@dataclass
+class LengthRefused(Record, name="long_context_refused"):
+    """The length a rank's limit refused: the operator whose allocation took the rank's count of tensor bytes past the
+    limit, and the count it reached (recorded by the rank before it ends)."""
+    sp: int
+    length: int
+    operator: str
+    count_bytes: int
+    limit_bytes: int
 
 
 @dataclass

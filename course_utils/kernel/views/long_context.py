@@ -36,8 +36,8 @@ def launch(runs: list[str], seq_len: int, steps: int, timeout: int, tutorial: st
     error (:attr:`SpLaunch.growth`)."""
     from course_utils.kernel import hardware
     from course_utils.kernel import launch as runner
+    from course_utils.common.records.long_context_memory import LengthRefused
     from course_utils.kernel.views import long_context_memory as memory
-    from course_utils.kernel.views.bigger import killed_for_memory
 
     args = ["--seq_len", seq_len, "--steps", steps, "--runs", *runs]
     args += ["--tutorial", tutorial] if tutorial else []
@@ -49,7 +49,8 @@ def launch(runs: list[str], seq_len: int, steps: int, timeout: int, tutorial: st
         result, error = runner.deepspeed(SCRIPT, *args, procs=PROCS, min_ranks=PROCS, config=CONFIG, env=env,
                                          timeout=timeout, quiet=quiet), None
     except runner.LaunchError as err:
-        if not (grow and killed_for_memory(str(err)) and read_as(err.result.records, SpRun, rank=None)):
+        if not (grow and read_as(err.result.records, LengthRefused, rank=None)
+                and read_as(err.result.records, SpRun, rank=None)):
             raise
         result, error = err.result, str(err)
     by_label: dict[str, list[SpRun]] = {}

@@ -17,9 +17,9 @@ from course_utils.common.record import read_as
 from course_utils.common.records.bigger import Limit
 from course_utils.common.records.long_context import PERIOD
 from course_utils.common.records.long_context_memory import (CAP_MB, KERNEL, KERNELS, LENGTHS, STEPS, LengthAttempt,
-    LengthTrial, TilingComparison)
+    LengthRefused, LengthTrial, TilingComparison)
 from course_utils.kernel.launch.options import launches
-from course_utils.kernel.views.bigger import FAILED, OUT_OF_MEMORY, TRAINED, killed_for_memory
+from course_utils.kernel.views.bigger import FAILED, OUT_OF_MEMORY, TRAINED
 
 MiB = 2**20
 SP_SIZES = (1, 2, 4)      # the lesson's SP sizes: 4 query heads and 2 key/value heads allow these
@@ -37,6 +37,7 @@ class SpOutcome:
     error: str | None = None              # the runner's message when the launch failed
     seconds: float = 0.0
     statuses: dict = field(default_factory=dict)     # length → trained | out of memory | failed
+    refusals: list[LengthRefused] = field(default_factory=list)     # every rank's whose limit refused a length
 
     @property
     def trained(self) -> list[int]:
@@ -80,11 +81,11 @@ def attention_heads(trial: LengthTrial) -> dict:
             "bytes a token a layer": (query[1] + 2 * key[1]) * head_size * size}
 
 
-def statuses(attempts: list[LengthAttempt], trained: list[int], error: str | None) -> dict[int, str]:
-    """length → outcome: trained; one attempted without a trial on every rank, out of memory (or failed, for any
-    other error)."""
-    ended = OUT_OF_MEMORY if error and killed_for_memory(error) else FAILED
-    return {a.length: TRAINED if a.length in trained else ended for a in attempts}
+def statuses(attempts: list[LengthAttempt], trained: list[int], refused: list[int]) -> dict[int, str]:
+    """length → outcome: trained; attempted without a trial on every rank, out of memory where a rank's limit
+    recorded its refusal (``refused``), else failed (any other error)."""
+    return {a.length: TRAINED if a.length in trained else OUT_OF_MEMORY if a.length in refused else FAILED
+            for a in attempts}
 
 
 CPU_RANKS = {"DS_ACCELERATOR": "cpu"}     # the placement the launches declare: CPU ranks on any machine
@@ -120,8 +121,9 @@ def outcome_of(sp: int, cap_mb: int, records: list[dict], error: str | None, sec
     trials = read_as(records, LengthTrial, rank=None)
     tiling = read_as(records, TilingComparison)
     outcome = SpOutcome(sp, cap_mb, read_as(records, Limit, rank=None), attempts, trials,
-                        tiling[0] if tiling else None, error=error, seconds=seconds)
-    outcome.statuses = statuses(attempts, outcome.trained, error)
+                        tiling[0] if tiling else None, error=error, seconds=seconds,
+                        refusals=read_as(records, LengthRefused, rank=None))
+    outcome.statuses = statuses(attempts, outcome.trained, [r.length for r in outcome.refusals])
     return outcome
 
 
@@ -160,12 +162,15 @@ def summary(outcome: SpOutcome) -> str:
                          f"{outcome.loss(length):.3f}, {outcome.step_seconds(length):.2f} s a step, peak "
                          f"{outcome.peak(length) / MiB:.0f} MiB ({outcome.held(length) / MiB:.0f} held before)")
         else:
-            lines.append(f"  {length:>6} tokens ({length // outcome.sp:>5} a rank): {status}")
+            refused = next((r for r in outcome.refusals if r.length == length), None)
+            said = (f" — {refused.operator} took a rank's tensors to {refused.count_bytes / MiB:.1f} MiB"
+                    if refused else "")
+            lines.append(f"  {length:>6} tokens ({length // outcome.sp:>5} a rank): {status}{said}")
     if outcome.trained:
         heads = outcome.attention(outcome.trained[0])
         lines.append(f"  inside attention each rank holds the whole length for {heads['query heads']} query and "
                      f"{heads['key/value heads']} key/value head(s)")
-    if outcome.error and not killed_for_memory(outcome.error):
+    if outcome.error and not outcome.refusals:
         lines.append(f"  the launch failed: {outcome.error.splitlines()[0]}")
     return "\n".join(lines)
 
