@@ -104,7 +104,9 @@ def job_command(cluster: SlurmCluster, way: str, script: Path, script_args: list
     """The command line of ``way`` (:data:`WAYS`) for one rank per node on every node of the cluster;
     ``launcher_args``: more options for the ``srun`` (``slurm``) or ``mpirun`` (``openmpi``) DeepSpeed builds.
     For ``"srun"`` only: ``hostfile=False`` leaves DeepSpeed's hostfile out (each launcher then sees only its own
-    node), ``kill_on_bad_exit=False`` lets the other nodes go on when one task fails."""
+    node). For ``"srun"`` and ``"slurm"``: ``kill_on_bad_exit=False`` lets the other tasks go on when one fails, and
+    ``srun`` then waits for every task and forwards all of its output (with ``--kill-on-bad-exit=1`` it ends the step
+    at the first failure, and what a failed task wrote last may not reach its output)."""
     nodes = list(cluster.nodes)
     hosts = ["--hostfile", paths.relative(write_hostfile(run_dir, nodes, 1))] if hostfile or way != "srun" else []
     cli, target = deepspeed_cli(), [paths.relative(script), *script_args]
@@ -116,8 +118,8 @@ def job_command(cluster: SlurmCluster, way: str, script: Path, script_args: list
                 *(["--kill-on-bad-exit=1"] if kill_on_bad_exit else []), "bash", "-c", node_cmd]
     if way == "slurm":
         return [cli, *hosts, "--launcher", "slurm", "--no_ssh_check", *master,
-                "--launcher_args", f"{launcher_args} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-                f"--job-name={job_name}".strip(), *target]
+                "--launcher_args", f"{launcher_args} --ntasks-per-node=1 "
+                f"{'--kill-on-bad-exit=1 ' if kill_on_bad_exit else ''}--job-name={job_name}".strip(), *target]
     if way == "openmpi":
         return ["salloc", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
                 cli, *hosts, "--launcher", "openmpi", "--no_ssh_check", *master,
