@@ -84,6 +84,23 @@ def test_the_batch_template_builds_its_hostfile_from_the_jobs_nodes():
     assert "--no_ssh --node_rank=\\$SLURM_NODEID" in text and "scripts/14_slurm_ranks.py --sleep 1" in text
 
 
+def test_kill_on_bad_exit_reaches_the_srun_of_both_srun_ways_and_can_be_left_out(tmp_path, monkeypatch):
+    """srun told --kill-on-bad-exit=1 ends the step at the first failed task, and what that task wrote last may not
+    reach the output: notebook 14's failing `--launcher slurm` run leaves it out, so its whole message is printed."""
+    monkeypatch.setattr(slurm_launch, "master_addr", lambda cluster, node: "127.0.0.1")
+    cluster = type("Cluster", (), {"nodes": {"n1": None, "n2": None}})()
+
+    def command(way: str, **options: bool) -> str:
+        return " ".join(slurm_launch.job_command(cluster, way, paths.SCRIPTS / "14_slurm_ranks.py", [], tmp_path,
+                                                 29500, "course-x", **options))
+    for way in ("srun", "slurm"):
+        assert "--kill-on-bad-exit=1" in command(way)
+        assert "kill-on-bad-exit" not in command(way, kill_on_bad_exit=False)
+    assert "--mpi=pmix --ntasks-per-node=1 --job-name=course-x" in " ".join(
+        slurm_launch.job_command(cluster, "slurm", paths.SCRIPTS / "14_slurm_ranks.py", [], tmp_path, 29500,
+                                 "course-x", "--mpi=pmix", kill_on_bad_exit=False))
+
+
 # --- a real cluster ---
 
 @needs_slurm
