@@ -30,7 +30,7 @@ ANSWERS = {
     "slurm_launcher_args": wrong(
         copier=("copies the --launcher_args of the failed command printed above", """
             def slurm_launcher_args() -> str:
-                return "--ntasks-per-node=1 --kill-on-bad-exit=1"
+                return "--ntasks-per-node=1 --job-name=course-fce240"
             """),
         misread=("takes Slurm's own PMI-2 for one every MPI speaks", """
             def slurm_launcher_args() -> str:
