@@ -90,15 +90,14 @@ def test_kill_on_bad_exit_reaches_the_srun_of_both_srun_ways_and_can_be_left_out
     monkeypatch.setattr(slurm_launch, "master_addr", lambda cluster, node: "127.0.0.1")
     cluster = type("Cluster", (), {"nodes": {"n1": None, "n2": None}})()
 
-    def command(way: str, **options: bool) -> str:
+    def command(way: str, launcher_args: str = "", **options: bool) -> str:
         return " ".join(slurm_launch.job_command(cluster, way, paths.SCRIPTS / "14_slurm_ranks.py", [], tmp_path,
-                                                 29500, "course-x", **options))
+                                                 29500, "course-x", launcher_args, **options))
     for way in ("srun", "slurm"):
         assert "--kill-on-bad-exit=1" in command(way)
         assert "kill-on-bad-exit" not in command(way, kill_on_bad_exit=False)
-    assert "--mpi=pmix --ntasks-per-node=1 --job-name=course-x" in " ".join(
-        slurm_launch.job_command(cluster, "slurm", paths.SCRIPTS / "14_slurm_ranks.py", [], tmp_path, 29500,
-                                 "course-x", "--mpi=pmix", kill_on_bad_exit=False))
+    assert "--mpi=pmix --ntasks-per-node=1 --job-name=course-x" in command("slurm", "--mpi=pmix", kill_on_bad_exit=False)
+    assert "--mpi=pmix --ntasks-per-node=1 --kill-on-bad-exit=1 --job-name=course-x" in command("slurm", " --mpi=pmix")
 
 
 # --- a real cluster ---

@@ -111,15 +111,16 @@ def job_command(cluster: SlurmCluster, way: str, script: Path, script_args: list
     hosts = ["--hostfile", paths.relative(write_hostfile(run_dir, nodes, 1))] if hostfile or way != "srun" else []
     cli, target = deepspeed_cli(), [paths.relative(script), *script_args]
     master = ["--master_addr", master_addr(cluster, nodes[0]), "--master_port", str(port)]
+    kill = ["--kill-on-bad-exit=1"] if kill_on_bad_exit else []
     if way == "srun":
         node_cmd = shlex.join([cli, *hosts, "--no_ssh", *master, *target]).replace(
             " --no_ssh ", " --no_ssh --node_rank=$SLURM_NODEID ")
         return ["srun", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
-                *(["--kill-on-bad-exit=1"] if kill_on_bad_exit else []), "bash", "-c", node_cmd]
+                *kill, "bash", "-c", node_cmd]
     if way == "slurm":
         return [cli, *hosts, "--launcher", "slurm", "--no_ssh_check", *master,
-                "--launcher_args", f"{launcher_args} --ntasks-per-node=1 "
-                f"{'--kill-on-bad-exit=1 ' if kill_on_bad_exit else ''}--job-name={job_name}".strip(), *target]
+                "--launcher_args", " ".join([launcher_args, "--ntasks-per-node=1", *kill, f"--job-name={job_name}"]).strip(),
+                *target]
     if way == "openmpi":
         return ["salloc", f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name}",
                 cli, *hosts, "--launcher", "openmpi", "--no_ssh_check", *master,

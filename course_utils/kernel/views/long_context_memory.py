@@ -37,7 +37,7 @@ class SpOutcome:
     error: str | None = None              # the runner's message when the launch failed
     seconds: float = 0.0
     statuses: dict = field(default_factory=dict)     # length → trained | out of memory | failed
-    refusals: list[LengthRefused] = field(default_factory=list)     # every rank's whose limit refused a length
+    refusals: list[LengthRefused] = field(default_factory=list)     # the record of each rank whose limit refused a length
 
     @property
     def trained(self) -> list[int]:
