@@ -1,5 +1,5 @@
 """Each rank says who it is as DeepSpeed and as Slurm see it, then all ranks all_reduce rank + 1: what the cluster
-lessons (notebook 14) measure for every way of launching DeepSpeed under Slurm.
+lessons (notebooks 14 and 18) measure for every way of launching DeepSpeed under Slurm.
 
 ``deepspeed.init_distributed()`` reads RANK, WORLD_SIZE, MASTER_ADDR/PORT when a DeepSpeed launcher set them; started
 by ``srun`` or ``mpirun`` directly (``--launcher slurm`` / ``openmpi``), it asks MPI (mpi4py) instead.

@@ -160,8 +160,8 @@ def grouped_trials(nb, launches: bool) -> list[tuple]:
 
 
 # A notebook may tag one cell with this: the replay then runs just before that cell instead of after the last one.
-# Notebook 14 tags its time-limit drill's cell, before the cell that stops its cluster: its exercises' jobs run on the
-# notebook's own cluster (after the stop, each trial would start a cluster of its own).
+# Notebooks 14 and 18 tag a cell before the one that stops their cluster (18: its time-limit drill's): their exercises'
+# jobs run on the notebook's own cluster (after the stop, each trial would start a cluster of its own).
 # The cells after it must not read what the exercises' cells set (a wrong answer's job is the last one they ran).
 REPLAY_TAG = "tests-replay-here"
 

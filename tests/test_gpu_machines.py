@@ -268,14 +268,14 @@ def test_a_notebook_whose_launches_go_through_a_view_has_them_in_its_gpu_line(tm
     assert gpu_table.launches(probe, MACHINES[2]) == [("GPU", 1)]
 
 
-def test_only_the_slurm_notebook_has_no_deepspeed_launch_in_the_gpu_table():
-    """The table's "no DeepSpeed launch" is true of notebook 14 alone (its ranks start under Slurm): any other notebook
-    with that row launches in a way the table does not see."""
+def test_only_the_slurm_notebooks_have_no_deepspeed_launch_in_the_gpu_table():
+    """The table's "no DeepSpeed launch" is true of notebooks 14 and 18 alone (their ranks start under Slurm): any other
+    notebook with that row launches in a way the table does not see."""
     from course_utils.tooling import gpu_table
 
     none = [nb.stem for nb in sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
             if gpu_table.launches(nb, MACHINES[1]) == []]
-    assert none == ["14_your_cluster"]
+    assert none == ["14_your_cluster", "18_cluster_day"]
 
 
 def test_a_launch_declaration_takes_only_what_a_placement_needs():

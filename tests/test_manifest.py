@@ -178,7 +178,7 @@ def test_the_replay_runs_before_a_tagged_cell_only_after_every_check():
         nb = nbformat.read(str(path), as_version=4)
         if replay_position(nb, path.stem) < len(nb.cells):      # refuses a second tag, or one before a check
             moved.append(path.stem)
-    assert moved == ["14_your_cluster"]
+    assert moved == ["14_your_cluster", "18_cluster_day"]
     early = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["tests-replay-here"]}),
         nbformat.v4.new_code_cell("def guess(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"),

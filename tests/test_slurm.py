@@ -106,7 +106,7 @@ def test_kill_on_bad_exit_reaches_the_srun_of_both_srun_ways_and_can_be_left_out
 def test_cluster_starts_drains_a_node_and_stops_clean():
     """Start: both nodes idle, each daemon on its own port. A drained node holds a job pending with its reason. Stop:
     nothing left, no file outside the build folder. (DeepSpeed launched on both nodes, and the files its launches leave,
-    are notebook 14's test: tests/test_nb_14_your_cluster.py.)"""
+    are the tests of notebooks 14 and 18: tests/test_nb_14_your_cluster.py, tests/test_nb_18_cluster_day.py.)"""
     since = time.time() - 1
     with slurm.slurm_cluster() as cluster:
         folder = cluster.folder
@@ -228,7 +228,7 @@ def test_a_kernel_stopped_then_killed_by_jupyter_leaves_nothing():
 @pytest.mark.extended
 def test_a_job_over_its_time_limit_ends_in_timeout():
     """A job given one minute that would run ten: slurmctld ends it (its time-limit check runs every 30 s, so 60-90 s
-    after the job started) and scontrol and the job-completion record say TIMEOUT. Notebook 14 runs the same
+    after the job started) and scontrol and the job-completion record say TIMEOUT. Notebook 18 runs the same
     drill and checks the TIMEOUT itself in `make course`; its smoke run in `make test` stops the cluster before the minute
     is out (it checks only the job's deadline), so this test is the one that waits (pytest -m extended)."""
     with slurm.slurm_cluster() as cluster:

@@ -1,5 +1,5 @@
 """Notebook 14's exercises, answered wrong on purpose (see tests/answers/__init__.py). Their checks judge real jobs on
-the notebook's Slurm cluster: the replay runs before the time-limit drill's cell (tagged ``conftest.REPLAY_TAG``),
+the notebook's Slurm cluster: the replay runs before the cell that stops it (tagged ``conftest.REPLAY_TAG``),
 while the cluster still runs, so the trials' jobs need no cluster of their own."""
 from answers import wrong
 
@@ -9,21 +9,19 @@ ANSWERS = {
             def sbatch_script(deepspeed: str, script: str) -> str:
                 return slurm_launch.batch_script(deepspeed, script)
             """),
-        misread=("thinks the hostfile's slots decide where the ranks run, whatever Slurm allocates: asks for one node and "
-                 "gives it all four ranks", r"""
+        misread=("thinks --no_ssh makes DeepSpeed's hostfile unnecessary, since no node is reached over ssh: gives each "
+                 "node's launcher its node rank and the master address, and no hostfile", r"""
             def sbatch_script(deepspeed: str, script: str) -> str:
                 return f'''#!/bin/bash
             #SBATCH --job-name=my-deepspeed
-            #SBATCH --nodes=1
+            #SBATCH --nodes=2
             #SBATCH --ntasks-per-node=1
             #SBATCH --time=00:05:00
             set -euo pipefail
-            hostfile="$COURSE_RUN_DIR/hostfile"
-            scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/ slots=4/' > "$hostfile"
-            first=$(head -n 1 "$hostfile" | cut -d' ' -f1)
+            first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
             master=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
             srun --kill-on-bad-exit=1 --output="$COURSE_RUN_DIR/node-%N-%n.out" bash -c \\
-              "{deepspeed} --hostfile $hostfile --no_ssh --node_rank=\\$SLURM_NODEID --master_addr $master --master_port $COURSE_MASTER_PORT {script}"
+              "{deepspeed} --no_ssh --node_rank=\\$SLURM_NODEID --master_addr $master --master_port $COURSE_MASTER_PORT {script}"
             '''
             """),
         run="from_solution", launches=True, secret=("slots=2",)),

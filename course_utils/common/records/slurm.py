@@ -1,5 +1,5 @@
-"""Notebook 14's records: what each rank of a Slurm job found (``scripts/14_slurm_ranks.py``), and each run of the
-preempted job (``scripts/14_preempt.py``)."""
+"""The records of notebooks 14 and 18: what each rank of a Slurm job found (``scripts/14_slurm_ranks.py``), and each run of the
+preempted job (``scripts/18_preempt.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +26,7 @@ class SlurmRank(Record, name="slurm_rank"):
 
 @dataclass
 class PreemptRun(Record, name="preempt_run"):
-    """One rank in one run of the preempted job (``scripts/14_preempt.py``): the steps it trained and their losses
+    """One rank in one run of the preempted job (``scripts/18_preempt.py``): the steps it trained and their losses
     (averaged over the ranks), whether it caught SIGUSR1, the step its checkpoint was saved after, the step it resumed
     at, and the loss of the step after the save as an uninterrupted run takes it (``--after_save``)."""
     restart: int                # SLURM_RESTART_COUNT: 0 for the first run, 1 once requeued

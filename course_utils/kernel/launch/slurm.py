@@ -1,4 +1,4 @@
-"""A real 2-node Slurm cluster on one machine, for the cluster lessons (notebook 14), started and stopped like the
+"""A real 2-node Slurm cluster on one machine, for the cluster lessons (notebooks 14 and 18), started and stopped like the
 course's sshd (:mod:`.sshd`).
 
 On a cluster, ``sbatch`` hands a job script to ``slurmctld``, which picks nodes and has each node's ``slurmd`` start

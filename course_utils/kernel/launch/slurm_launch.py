@@ -19,7 +19,7 @@ import shlex
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +273,48 @@ def submit(cluster: SlurmCluster, text: str, *sbatch_args: str, name: str = "sba
     done = cluster.command("sbatch", "--parsable", f"--output={run_dir / 'job.out'}", f"--chdir={paths.ROOT}",
                            *sbatch_args, str(path), env=env)
     return BatchJob(job_id=done.stdout.strip().split(";")[0], run_dir=run_dir, script=path, port=port)
+
+
+@dataclass
+class Placement:
+    """What became of a job in the first seconds after ``sbatch`` (:func:`placed`)."""
+    submitted: bool
+    error: str = ""             # what sbatch said when it did not queue the job
+    state: str = ""             # its last JobState: COMPLETED, FAILED, ..., or PENDING when it still waited (then cancelled)
+    reason: str = ""            # squeue's reason while it waited ("ReqNodeNotAvail, UnavailableNodes:n2", "Resources")
+    nodes: list[str] = field(default_factory=list)      # where it ran
+    waited: float = 0.0         # seconds from sbatch to its start, or to the end of the patience
+
+
+# squeue's reasons that do not clear while the cluster stays as it is: a job pending with one of them waits for an
+# administrator (or for ever), not for the scheduler's next look at the queue
+STUCK = ("ReqNodeNotAvail", "DRAINED", "BadConstraints", "PartitionNodeLimit", "PartitionConfig")
+
+
+def placed(cluster: SlurmCluster, text: str, *sbatch_args: str, name: str = "sbatch", patience: float = 30.0,
+           timeout: float = 60.0) -> Placement:
+    """``sbatch`` the script ``text`` with ``sbatch_args`` and see whether Slurm starts it: a job that pends with a
+    reason of :data:`STUCK`, or pends for ``patience`` seconds (its scheduler looks at the queue every second here), is
+    cancelled and reported with its reason; one that starts is followed to its end (``timeout``)."""
+    began, reason = time.monotonic(), ""
+    try:
+        job = submit(cluster, text, *sbatch_args, name=name)
+    except RuntimeError as refused:
+        return Placement(False, error=str(refused).split("): ", 1)[-1].strip(), waited=time.monotonic() - began)
+    try:
+        while (info := cluster.job(job.job_id)).get("JobState") == "PENDING":
+            reason = info["Reason"].replace("_", " ") if info.get("Reason") not in ("None", "", None) else reason
+            if time.monotonic() - began > patience or any(word in reason for word in STUCK):
+                cluster.command("scancel", job.job_id, check=False)
+                return Placement(True, state="PENDING", reason=reason, waited=time.monotonic() - began)
+            time.sleep(0.2)
+        waited = time.monotonic() - began
+        info = cluster.wait(job.job_id, timeout=timeout)
+        nodes = cluster.command("scontrol", "show", "hostnames", info.get("NodeList", "")).stdout.split() \
+            if info.get("NodeList") not in ("", "(null)", None) else []
+        return Placement(True, state=info.get("JobState", ""), reason=reason, nodes=nodes, waited=waited)
+    finally:
+        job.release()
 
 
 def preempt_script(deepspeed: str, script: str, *script_args: Any, signal_seconds: int = 90) -> str:

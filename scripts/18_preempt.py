@@ -1,5 +1,5 @@
 """A training job that survives preemption: on SIGUSR1 every rank agrees to stop at the next step boundary, saves a
-DeepSpeed checkpoint, and ends cleanly; the batch script then requeues the job (notebook 14, section 4), and the
+DeepSpeed checkpoint, and ends cleanly; the batch script then requeues the job (notebook 18, section 5), and the
 requeued run loads the checkpoint and goes on from the step after it.
 
 - The signal: Slurm sends it to every process of the job's steps ``sig_time`` seconds before the time limit
@@ -15,7 +15,7 @@ requeued run loads the checkpoint and goes on from the step after it.
 
 Run under Slurm (one launcher per node; the launcher ignores USR1, the ranks catch it):
     srun bash -c "trap '' USR1; exec deepspeed --hostfile h --no_ssh --node_rank=\\$SLURM_NODEID \\
-        --master_addr <first node> scripts/14_preempt.py --checkpoint <shared folder>"
+        --master_addr <first node> scripts/18_preempt.py --checkpoint <shared folder>"
 """
 import argparse
 import os
