@@ -104,7 +104,8 @@ def test_kill_on_bad_exit_reaches_the_srun_of_both_srun_ways_and_can_be_left_out
 
 @needs_slurm
 def test_cluster_starts_drains_a_node_and_stops_clean():
-    """Start: both nodes idle, each daemon on its own port. A drained node holds a job pending with its reason. Stop:
+    """Start: both nodes idle, each daemon on its own port. A drained node holds a job pending with its reason (and
+    slurm_launch.placed says so, or where a job ran, or why sbatch refused it). Stop:
     nothing left, no file outside the build folder. (DeepSpeed launched on both nodes, and the files its launches leave,
     are the tests of notebooks 14 and 18: tests/test_nb_14_your_cluster.py, tests/test_nb_18_cluster_day.py.)"""
     since = time.time() - 1
@@ -118,6 +119,17 @@ def test_cluster_starts_drains_a_node_and_stops_clean():
         info = cluster.wait(job, until=("PENDING",), timeout=20)
         assert info["JobState"] == "PENDING" and "ReqNodeNotAvail" in info["Reason"], info
         assert cluster.node_states()["n2"] == "drain"
+        # slurm_launch.placed (notebook 18's exercise): a job that asks for the drained node is reported pending with
+        # its reason at once, not after the patience; one that asks only for a node runs on the other; sbatch's refusal
+        # is told as sbatch said it
+        script = "#!/bin/bash\nsrun hostname\n"
+        pinned = slurm_launch.placed(cluster, script, "--nodelist=n2", patience=60)
+        assert (pinned.state, pinned.nodes) == ("PENDING", []) and "ReqNodeNotAvail" in pinned.reason, pinned
+        assert pinned.waited < 30, "a pending job with a reason that does not clear is not waited for"
+        anywhere = slurm_launch.placed(cluster, script, "--nodes=1")
+        assert (anywhere.submitted, anywhere.state, anywhere.nodes) == (True, "COMPLETED", ["n1"]), anywhere
+        refused = slurm_launch.placed(cluster, script, "--nodes=1", "--nodelist=n1,n2")
+        assert not refused.submitted and "invalid number of nodes" in refused.error, refused
         processes = [p.pid for p in slurm.cluster_processes(folder)]
         assert len(processes) >= 4
     assert not _gone(folder), _gone(folder)
