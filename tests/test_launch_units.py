@@ -86,7 +86,10 @@ def test_rank_environment(tmp_path, monkeypatch):
     hook = env["PYTHONPATH"].split(os.pathsep)[0]
     assert (Path(hook) / "sitecustomize.py").is_file()
     assert env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE", "a rank's OpenMP threads sleep while they wait, not spin"
     assert env["MY_FLAG"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")           # the learner's own setting wins
+    assert environment.rank_environment(tmp_path, world_size=4)["OMP_WAIT_POLICY"] == "ACTIVE"
     monkeypatch.setattr(hardware, "detect", lambda: hardware.Hardware(accelerator="cuda", gpus=2))
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     assert "OMP_NUM_THREADS" not in environment.rank_environment(tmp_path, world_size=2)

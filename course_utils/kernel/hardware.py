@@ -131,12 +131,17 @@ def placement(hw: Hardware, procs: int | None = None, min_ranks: int | None = No
 
 def cpu_ranks_env(world_size: int, gpu_machine: bool = False, cores: int | None = None) -> dict[str, str]:
     """What makes a launch's ranks CPU ranks over gloo: DeepSpeed's CPU accelerator (no probing, no warning), the
-    ``cores`` (this machine's) shared instead of every rank spinning on all of them, and on a GPU machine no GPU
+    ``cores`` (this machine's) shared instead of every rank spinning on all of them, OpenMP threads that sleep while
+    they wait (``OMP_WAIT_POLICY=PASSIVE``: a rank's threads otherwise spin at every barrier, and when anything else
+    runs beside the launch, another notebook's ranks in ``make course`` or ``make test``, the thread they wait for
+    is off its core: a one-rank launch of notebook 02's training on 2 cores beside two busy processes trained in
+    10-140 s with spinning threads and 4-6 s with sleeping ones; alone, 2.4-4.0 s and 4.5-5.5 s), and on a GPU machine no GPU
     visible to them (the rank hook hides it again after DeepSpeed's launcher has set ``CUDA_VISIBLE_DEVICES``) and
     the CPU builds of DeepSpeed's ops, in a folder of their own (:func:`paths.torch_extensions_dir`): the CUDA
     builds of fused_adam and cpu_adam have the same names."""
     cores = cores or os.cpu_count() or 1
-    env = {devices.ACCELERATOR_ENV: "cpu", "OMP_NUM_THREADS": str(max(1, cores // max(1, world_size)))}
+    env = {devices.ACCELERATOR_ENV: "cpu", "OMP_NUM_THREADS": str(max(1, cores // max(1, world_size))),
+           "OMP_WAIT_POLICY": "PASSIVE"}
     if gpu_machine:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["TORCH_EXTENSIONS_DIR"] = str(paths.torch_extensions_dir("cpu"))
