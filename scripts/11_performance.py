@@ -1,4 +1,5 @@
-"""Where a step's time and memory go, on real ranks (notebook 11). Four parts, one launch:
+"""Where a step's time and memory go, on real ranks (notebook 11). Three parts, all of them unless ``--parts``
+names some (the notebook launches the first alone, so that a learner's loop reruns in one short launch):
 
 1. Gradient accumulation: the same effective batch as micro-batch × accumulation steps 8 × 1, 4 × 2 and 2 × 4 per
    rank, trained with plain SGD from the same weights on the same samples (of different lengths, padded), by the
