@@ -157,3 +157,26 @@ def test_recording_the_figures_is_out_of_sight(path):
                       if not (isinstance(n, ast.Expr) and n.value is call)]
             assert not any("print(" in ast.unparse(n) or "check(" in ast.unparse(n) for n in others), \
                 f"cell {i}: a hidden recording cell that also prints or checks: split the record into a cell of its own"
+
+
+def test_each_notebook_is_executed_by_one_test_function_only():
+    """run_notebook keeps what it executed for its own process only, and `make test`'s workers are two processes:
+    a notebook executed by two test functions runs twice whenever the workers take one each. Its assertions belong in
+    one test function (the same notebook on a described machine, ``machine=``, is another run and may have its own;
+    tests/test_gpu.py runs in one process, `make test-gpu`, where the second call reuses the first run)."""
+    import ast
+
+    callers: dict[str, list[str]] = {}
+    for test_file in sorted(set((paths.ROOT / "tests").glob("test_*.py")) - {paths.ROOT / "tests" / "test_gpu.py"}):
+        tree = ast.parse(test_file.read_text())
+        names = {n.targets[0].id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                 and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Constant)}
+        for function in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+            for call in ast.walk(function):
+                if (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "run_notebook" and call.args
+                        and not any(k.arg == "machine" for k in call.keywords)):
+                    first = call.args[0]
+                    notebook = names.get(first.id) if isinstance(first, ast.Name) else getattr(first, "value", None)
+                    callers.setdefault(str(notebook), []).append(f"{test_file.name}::{function.name}")
+    twice = {nb: sorted(set(fs)) for nb, fs in callers.items() if len(set(fs)) > 1}
+    assert not twice, f"notebooks executed by more than one test function (one run each, lost on the other worker): {twice}"
