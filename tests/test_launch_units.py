@@ -220,6 +220,27 @@ def _as_rank(tmp_path, code: str):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 
+def test_launch_processes_freeze_what_importing_torch_made_and_others_are_left_alone(tmp_path):
+    """A rank, DeepSpeed's runner and its launcher import torch with the collector off, then freeze what it made; the
+    collector is on again after. A file the rank opened before is still flushed when the rank ends (gc.get_objects()
+    does not list frozen objects). Any other process under the hook keeps Python's default."""
+    import subprocess
+
+    probe = "import gc, torch; print(gc.get_freeze_count() > 50_000, gc.isenabled(), flush=True)"
+    kept = tmp_path / "kept.txt"
+    rank = _as_rank(tmp_path, f"LOG = open({str(kept)!r}, 'w')\nLOG.write('opened before torch')\n{probe}")
+    assert rank.returncode == 0 and rank.stdout.split() == ["True", "True"], rank.stderr[-2000:]
+    assert kept.read_text() == "opened before torch"
+    env = {**os.environ, "PYTHONPATH": str(environment.RANK_HOOK)}
+    for name in ("RANK", "COURSE_RUN_DIR", "COURSE_RANK_PID"):
+        env.pop(name, None)
+    runner = tmp_path / "deepspeed"          # DeepSpeed's console script, as `deepspeed ...` starts it
+    runner.write_text(probe)
+    for argv, frozen in (([str(runner)], "True"), (["-c", probe], "False")):
+        out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.split() == [frozen, "True"], (argv, out.stderr[-2000:])
+
+
 def test_a_rank_that_returns_ends_without_the_teardown_that_can_abort(tmp_path):
     """A learner's script need not call finish(): a rank that returns ends with its status, its open files
     flushed and its finished mark, before the interpreter's teardown (where gloo can abort, exit -6) runs."""

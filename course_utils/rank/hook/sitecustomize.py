@@ -88,6 +88,7 @@ def _end_rank_without_teardown():
     code = 0 if status is None else status if isinstance(status, int) else 1
     import gc
     import io
+    gc.unfreeze()         # gc.get_objects() leaves out what _collect_garbage_once_torch_is_imported froze
     for obj in gc.get_objects():
         if isinstance(obj, io.IOBase):
             try:
@@ -354,6 +355,37 @@ def _keep_the_configs_rank0_reads():
     _PATCHES["deepspeed.runtime.config"] = patch
 
 
+def _collect_garbage_once_torch_is_imported():
+    """In the processes every launch starts (DeepSpeed's runner, its launcher, the ranks), Python's cyclic garbage
+    collector waits until torch is imported, then keeps out of what the import made.
+
+    Each of these processes imports torch first thing (the runner and the launcher through ``import deepspeed``): a
+    couple of hundred thousand objects that live as long as the process. The collector walks them again and again,
+    while they are made and at every full collection after (DeepSpeed calls ``gc.collect()`` when it builds and frees
+    engines). So here it is off during torch's import; then one collection frees what the import left as garbage,
+    ``gc.freeze()`` moves the rest out of the collector's sight (Python's docs describe it for this), and the
+    collector runs as before for everything else. ``import deepspeed`` costs about 0.4 s less CPU per process this
+    way (of 2.2 s here), four processes per 2-rank launch, the first two one after the other. A process that is not
+    one of these (a tool a rank starts) is left as it is; the scripts of notebooks 12 and 15 freeze again after their
+    own imports.
+    """
+    import gc
+    argv = getattr(sys, "orig_argv", [])
+    runner = len(argv) > 1 and os.path.basename(argv[1]) == "deepspeed"
+    launcher = "-m" in argv[1:4] and "deepspeed.launcher.launch" in argv[1:4]
+    if not (_IS_RANK or runner or launcher) or not gc.isenabled() or "torch" in sys.modules:
+        return
+    gc.disable()
+
+    def patch(module):
+        gc.collect()
+        gc.freeze()
+        gc.enable()
+
+    _PATCHES["torch"] = patch
+
+
+_collect_garbage_once_torch_is_imported()
 _compile_muon_kernels_when_first_called()
 _keep_the_configs_rank0_reads()
 _trainer_joins_the_cpu_ranks()
