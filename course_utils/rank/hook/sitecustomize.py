@@ -5,7 +5,9 @@ rank dies of an uncaught exception, so the runner can name the rank that failed 
 that only lost its connection to it afterwards; and it ends a rank whose script returned without the
 interpreter's teardown, which can abort in gloo (see :func:`_end_rank_without_teardown`). A rank that
 died only because a peer went away exits :data:`PEER_LOST_WAIT` seconds late, so that DeepSpeed's launcher
-reports the peer's exit status, the cause, and not this rank's.
+reports the peer's exit status, the cause, and not this rank's. In the ranks and in DeepSpeed's runner and
+launcher, the garbage collector keeps out of torch's import (:func:`_collect_garbage_once_torch_is_imported`);
+the functions at the end adjust a few library modules as they are imported.
 """
 import atexit
 import json
