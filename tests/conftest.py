@@ -241,6 +241,14 @@ def processes_of(run_dir: Path) -> list:
     return found
 
 
+def described(p) -> str:
+    """``pid name (state) command line`` of a process :func:`processes_of` found."""
+    try:
+        return f"{p.pid} {p.name()} ({p.status()}) {' '.join(p.cmdline())[:120]}"
+    except Exception:       # gone meanwhile
+        return f"{p.pid} (gone)"
+
+
 # Caches a library keeps in the temporary folder on purpose, the same folder each run (not one per run):
 # torch's Inductor cache, which importing a transformers model creates (torch/_inductor/runtime/cache_dir_utils.py).
 TEMPORARY_CACHES = {f"torchinductor_{getpass.getuser()}"}
@@ -295,11 +303,13 @@ def run_notebook(name: str, parameters: dict | None = None, source: Path | None 
         outcome = execute(replay, paths.build_dir() / "executed" / notebook.name,
                           {**SMOKE, **(parameters or {})}, cell_timeout=CELL_TIMEOUT, cwd=paths.NOTEBOOKS)
         left_behind = sorted(p.name for p in scratch.iterdir() if p.name not in TEMPORARY_CACHES)
-    leftover = [p.pid for run in set(paths.runs_dir().glob("*")) - runs_before for p in processes_of(run)]
+    leftover = [described(p) for run in set(paths.runs_dir().glob("*")) - runs_before for p in processes_of(run)]
+    if not outcome.ok:      # the failure first: what it left behind may be its consequence
+        pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})"
+                    + (f"\nand processes of its launches outlived the notebook: {leftover}" if leftover else ""),
+                    pytrace=False)
     assert not leftover, f"{name}: processes of its launches outlived the notebook: {leftover}"
     assert not left_behind, f"{name}: its kernel or ranks left these in the temporary folder: {left_behind}"
-    if not outcome.ok:
-        pytest.fail(f"{name} failed at {outcome.error}\n(executed copy: {outcome.output})", pytrace=False)
     metrics = paths.metrics_dir() / f"{name}.json"
     assert metrics.exists(), f"{name} ran but recorded no figures to {metrics}"
     executed = nbformat.read(str(outcome.output), as_version=4)

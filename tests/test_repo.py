@@ -115,6 +115,23 @@ def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
 
 
 
+def test_a_notebook_that_fails_ends_what_its_kernel_started_before_papermill_returns(tmp_path):
+    """At a failing cell papermill asks the kernel to shut down; the kernel's clean-up at exit (atexit: a Slurm
+    cluster's stop, about 3 s, up to 20) must finish before the notebook's test looks for processes left behind.
+    jupyter_client's own 5 s (SIGTERM after 2.5) cut a 3 s stop short: notebook 18's cluster outlived it."""
+    from course_utils.tooling import course
+
+    done = tmp_path / "cleaned-up"
+    nb = nbformat.v4.new_notebook(metadata=nbformat.read(str(NOTEBOOKS[0]), as_version=4).metadata)
+    nb.cells = [nbformat.v4.new_code_cell(f"import atexit, pathlib, time\n"
+                                          f"atexit.register(lambda: (time.sleep(4), pathlib.Path({str(done)!r}).touch()))\n"
+                                          f"raise RuntimeError('a failing cell')")]
+    nbformat.write(nb, str(tmp_path / "fails.ipynb"))
+    outcome = course.execute(tmp_path / "fails.ipynb", tmp_path / "out.ipynb", cwd=tmp_path)
+    assert not outcome.ok and "a failing cell" in outcome.error
+    assert done.exists(), "the kernel was stopped before its clean-up at exit had ended"
+
+
 # Modules that hold an exercise's answer for the ranks to fall back on (their docstrings say so): no notebook, and no
 # module of the kernel side, may import them.
 ANSWER_MODULES = ("course_utils.rank.ring_reference",)

@@ -138,6 +138,23 @@ def test_cluster_starts_drains_a_node_and_stops_clean():
 
 
 @needs_slurm
+def test_a_job_being_ended_is_read_in_the_state_it_ends_in():
+    """A job ended by slurmctld (a scancel here; notebook 18's time limit) shows COMPLETING until its processes are
+    gone: SIGTERM, which this one ignores, then SIGKILL ``KillWait`` (2 s) later. ``settled`` reads past that to the
+    state it ends in, and the job-completion record has its line then (notebook 18 read COMPLETING as the job's end)."""
+    with slurm.slurm_cluster() as cluster:
+        job = cluster.command("sbatch", "--parsable", f"--output={cluster.folder / 'stubborn.out'}",
+                              "--wrap", "trap '' TERM; sleep 60").stdout.strip()
+        cluster.wait(job, until=("RUNNING",), timeout=20)
+        cluster.command("scancel", job)
+        ended = cluster.settled(job, timeout=20)
+        assert ended["JobState"] == "CANCELLED", ended
+        assert cluster.completion(job, wait=10).get("JobState") == "CANCELLED"
+        assert cluster.settled(job)["JobState"] == "CANCELLED"      # a job that has ended: at once
+    assert not slurm.leftovers()
+
+
+@needs_slurm
 def test_a_cell_run_after_the_stop_gets_a_cluster_of_its_own():
     """``slurm.running``: the cluster itself while it runs; once it is stopped (a cell of notebook 14 run again after
     its last section), a new cluster of the same nodes for the block only, gone when the block ends."""

@@ -33,7 +33,12 @@ from course_utils.tooling.nbtools import select
 CELL_TIMEOUT = 1800   # seconds one cell may run; every launch inside has its own, shorter timeout
 # The kernel's connection encrypted with CurveZMQ keys the kernel manager provisions (the course kernelspec declares
 # "supported_encryption": ["curve"]); unencrypted, every kernel warns "Kernel is running over TCP without encryption".
-KERNEL_CONFIG = {"KernelManager": {"transport_encryption": "auto"}}
+ENCRYPTED = {"transport_encryption": "auto"}
+# Seconds a kernel has to end after papermill asks it to (at the notebook's end, or at its first failing cell): half of
+# it before SIGTERM, the rest before SIGKILL. jupyter_client's 5 s cut short the kernel's own clean-up at exit, a Slurm
+# cluster's stop (scancel, then its processes ended: about 3 s, up to 20), and what it had started outlived the
+# notebook, left to its watchdog. A kernel that ends sooner is not waited for.
+SHUTDOWN_WAIT = 40.0
 
 
 @dataclass
@@ -65,7 +70,8 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {},
                                    cwd=str(cwd or notebook.parent), execution_timeout=cell_timeout,
                                    progress_bar=False, log_output=False,
-                                   config=Config(KERNEL_CONFIG if zmq.has("curve") else {}))
+                                   config=Config({"KernelManager": {"shutdown_wait_time": SHUTDOWN_WAIT,
+                                                                     **(ENCRYPTED if zmq.has("curve") else {})}}))
     except PapermillExecutionError as e:
         error = f"cell {e.exec_count}: {e.ename}: {e.evalue}".strip()
     except Exception as e:  # a dead kernel, a timeout: reported, and the course goes on

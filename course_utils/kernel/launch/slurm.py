@@ -105,18 +105,36 @@ class SlurmCluster:
                                    f"(reason {info.get('Reason', '?')}): cancelled")
             time.sleep(0.25)
 
-    def completion(self, job_id: int | str) -> dict[str, str]:
+    def settled(self, job_id: int | str, timeout: float = 30.0) -> dict[str, str]:
+        """:meth:`job`'s fields, read again while the job is ``COMPLETING``: slurmctld has ended it (its time limit, a
+        ``scancel``) and its processes are being ended (SIGTERM, SIGKILL ``KillWait`` seconds later); the state it
+        ended in (``TIMEOUT``, ``CANCELLED``, ...) comes once they are gone. Any other state is returned at once.
+        ``TimeoutError`` when it is still completing after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while (info := self.job(job_id)).get("JobState") == "COMPLETING":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still COMPLETING after {timeout:.0f} s: its processes did not end "
+                                   f"(the nodes' logs: cluster.log('slurmd-n1'))")
+            time.sleep(0.1)
+        return info
+
+    def completion(self, job_id: int | str, wait: float = 0.0) -> dict[str, str]:
         """The job's line in ``jobcomp.txt`` (``JobCompType=jobcomp/filetxt``: slurmctld appends one line per ended
-        job, the record ``sacct`` reads where no slurmdbd keeps accounting), as a dict; {} before it ends."""
-        try:
-            lines = (self.folder / "jobcomp.txt").read_text().splitlines()
-        except OSError:
-            return {}
-        for line in lines:
-            fields = dict(re.findall(r"(\w+)=(\S*)", line))
-            if fields.get("JobId") == str(job_id):
-                return fields
-        return {}
+        job, the record ``sacct`` reads where no slurmdbd keeps accounting), as a dict; {} before it ends (looked for
+        again for up to ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                lines = (self.folder / "jobcomp.txt").read_text().splitlines()
+            except OSError:
+                lines = []
+            for line in lines:
+                fields = dict(re.findall(r"(\w+)=(\S*)", line))
+                if fields.get("JobId") == str(job_id):
+                    return fields
+            if time.monotonic() >= deadline:
+                return {}
+            time.sleep(0.1)
 
     def log(self, daemon: str = "slurmctld") -> str:
         """A daemon's log (``slurmctld``, ``slurmd-n1``, ``slurmd-n2``, ``munged``)."""
