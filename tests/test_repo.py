@@ -114,7 +114,6 @@ def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
     assert course.lane_order([a, b, timed], {timed}, {}) == [a, b, timed], "no earlier run: course order"
 
 
-
 def test_a_notebook_that_fails_ends_what_its_kernel_started_before_papermill_returns(tmp_path):
     """At a failing cell papermill asks the kernel to shut down; the kernel's clean-up at exit (atexit: a Slurm
     cluster's stop, about 3 s, up to 20) must finish before the notebook's test looks for processes left behind.
