@@ -20,8 +20,7 @@ ANSWERS = {
                                                 "forward": "bfloat16"},
                         "torch_autocast fp16": {"module": "float16", "master": "float32", "grad": "float16",
                                                 "forward": "float16"}}
-            """),
-        run="from_solution", launches=True),
+            """)),
     "target_fp16": wrong(
         copier=("copies the notebook's own fp16 section, printed in section 2, adding the one key it lacks", """
             def target_fp16() -> dict:

@@ -12,8 +12,7 @@ ANSWERS = {
             def predicted_adam_classes() -> dict:
                 return {(False, False): "FusedAdam", (True, False): "Adam",
                         (False, True): "DeepSpeedCPUAdam", (True, True): "DeepSpeedCPUAdam"}
-            """),
-        run="from_solution", launches=True),
+            """)),
     "linear_like_hf": wrong(
         copier=[("hands in the course's own WarmupDecayLR section, the one section 2 plotted", """
             def linear_like_hf(steps: int, warmup: int, lr: float) -> dict:
