@@ -44,9 +44,9 @@ SHM = Op("ShareMemCommBuilder", "deepspeed_shm_comm", "every launch on CPU ranks
          cpu_seconds=45)
 FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSpeed's Adam)", ("02+",), 55,
                 cpu_seconds=77)
-CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10 and 12 (ZeRO-Offload)",
-             ("04", "07", "08", "10", "12"), 55, cpu_seconds=93)
-ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebook 04 (NVMe offload)", ("04",), 185,   # with pin_memory
+CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10, 12 and 16 (ZeRO-Offload)",
+             ("04", "07", "08", "10", "12", "16"), 55, cpu_seconds=93)
+ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebooks 04 and 16 (NVMe offload)", ("04", "16"), 185,   # with pin_memory
               cpu_seconds=387)
 
 # A background build shares the 2 cores with the two notebooks running meanwhile (each launching 2 ranks): its two
@@ -61,12 +61,12 @@ NOTEBOOKS_BESIDE_BUILD = 1.5
 
 # In build order when nothing says which notebooks come first (:func:`build_order` orders by the run's queue): what the
 # earliest notebooks load first; cpu_adam before async_io, since four notebooks after 04 wait for cpu_adam alone, while
-# async_io serves 04 only (a run that built async_io first kept 07 waiting almost 6 minutes for a one-minute build).
+# async_io serves 04 and 16 only (a run that built async_io first kept 07 waiting almost 6 minutes for a one-minute build).
 # A GPU machine's GPU ranks load CUDA builds and talk over NCCL (no shm op); its CPU ranks (the launches that need more
 # ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
 ALL_OPS = (SHM, FUSED_ADAM, CPU_ADAM, ASYNC_IO)
 CUDA_OPS = (replace(FUSED_ADAM, device="cuda"), replace(ASYNC_IO, device="cuda"),    # 03 offloads on one GPU too
-            replace(CPU_ADAM, device="cuda", needed_by="notebooks 03, 04, 07, 08, 10 and 12 (ZeRO-Offload)",
+            replace(CPU_ADAM, device="cuda", needed_by="notebooks 03, 04, 07, 08, 10, 12 and 16 (ZeRO-Offload)",
                     notebooks=("03",) + CPU_ADAM.notebooks))
 CPU_RANK_OPS = (SHM, FUSED_ADAM, CPU_ADAM)      # the 2- and 4-rank lessons' CPU ranks on a machine with fewer GPUs
 COURSE_OPS = {"cpu": ALL_OPS, "cuda": (SHM,) + CUDA_OPS + CPU_RANK_OPS[1:]}

@@ -100,9 +100,9 @@ def libaio(headers: tuple = ("/usr/include/libaio.h", "/usr/local/include/libaio
     found = next((h for h in headers if exists(h)), None)
     if found:
         return Check("libaio (NVMe offload)", "PASS", found)
-    return Check("libaio (NVMe offload)", "WARN", "no libaio.h", "notebook 04's NVMe rung needs DeepSpeed's async_io "
-                 "op: `make setup` installs libaio-dev where it runs as root with apt; else `sudo apt install "
-                 "libaio-dev` (the rest of the course runs without it)")
+    return Check("libaio (NVMe offload)", "WARN", "no libaio.h", "the NVMe runs of notebooks 04 and 16 need "
+                 "DeepSpeed's async_io op: `make setup` installs libaio-dev where it runs as root with apt; else "
+                 "`sudo apt install libaio-dev` (the rest of the course runs without it)")
 
 
 def dev_shm(folder: str = "/dev/shm", statvfs: Callable = os.statvfs, exists: Callable = os.path.isdir) -> Check:
