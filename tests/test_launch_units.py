@@ -373,3 +373,29 @@ def test_a_launch_port_comes_from_below_the_kernels_ephemeral_range_and_is_free(
         monkeypatch.setattr(commands.random.SystemRandom, "choice", lambda self, r: taken)
         with pytest.raises(RuntimeError, match="no free TCP port"):
             commands.free_port()
+
+
+def test_two_processes_picking_the_same_free_port_get_different_ones(monkeypatch):
+    """Two kernels side by side once drew the same free port, and the second launch's rank 0 found it taken
+    ("EADDRINUSE"): a port this process handed out is claimed on the machine until its rank has had time to bind it,
+    and another process that draws it draws again."""
+    import subprocess
+
+    from course_utils.kernel.launch import commands
+
+    below = range(max(1024, commands.ephemeral_ports().start - 12000), commands.ephemeral_ports().start)
+    first = below[-2]
+    monkeypatch.setattr(commands.random.SystemRandom, "choice", lambda self, r: first)
+    assert commands.free_port() == first                # claimed by this process from now on
+    code = ("import random, sys\nfrom course_utils.kernel.launch import commands\n"
+            f"draws = iter([{first}, {first}, {first + 1}])\n"
+            "random.SystemRandom.choice = lambda self, r: next(draws)\n"
+            "print(commands.free_port())\n")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0, other.stderr
+    assert int(other.stdout.split()[-1]) == first + 1, "the other process was handed the port this one holds"
+    for claim in commands._claims:                      # without the claims, the other process gets the same port
+        claim.close()
+    commands._claims.clear()
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert int(again.stdout.split()[-1]) == first

@@ -24,6 +24,27 @@ from course_utils.kernel.launch.options import LaunchOptions
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _handed_out: set[int] = set()
+# The ports this process handed out most recently, each claimed among every process on this machine (see _claim).
+_claims: list[socket.socket] = []
+CLAIMS_KEPT = 64
+
+
+def _claim(port: int) -> bool:
+    """Reserve ``port`` against the course's other processes on this machine (two notebooks side by side, a test
+    worker beside another): an abstract Unix socket named after the port, which one process at a time can hold and
+    which goes with its process (nothing on disk to remove). Two kernels once picked the same free port within the
+    seconds before either launch's rank 0 bound it, and one launch failed with "EADDRINUSE". Once a rank has bound
+    the port, binding it fails for everyone else: the last :data:`CLAIMS_KEPT` claims cover that window."""
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(f"\0deepspeed-course-port-{port}")
+    except OSError:
+        claim.close()
+        return False
+    _claims.append(claim)
+    while len(_claims) > CLAIMS_KEPT:
+        _claims.pop(0).close()
+    return True
 
 
 def ephemeral_ports() -> range:
@@ -40,7 +61,8 @@ def free_port() -> int:
     """A TCP port nobody holds, for one launch (never the same twice in a process). Taken from below the kernel's
     ephemeral range: a port from inside it, free when checked, can become the local end of any connection this
     machine opens in the seconds before a rank binds it (two notebooks side by side once lost a launch to that:
-    "EADDRINUSE" in rank 0's TCPStore); below it, a port is only ever taken on purpose."""
+    "EADDRINUSE" in rank 0's TCPStore); below it, a port is only ever taken on purpose. Another process of the
+    course never gets the same port in the seconds before its launch binds it (:func:`_claim`)."""
     ephemeral = ephemeral_ports()
     below = range(max(1024, ephemeral.start - 12000), ephemeral.start)
     pick = random.SystemRandom()
@@ -52,7 +74,7 @@ def free_port() -> int:
             except OSError:
                 continue
             port = s.getsockname()[1]
-        if port not in _handed_out:
+        if port not in _handed_out and _claim(port):
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free TCP port found below {ephemeral.start}: is this machine out of ports?")
