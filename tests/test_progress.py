@@ -88,6 +88,10 @@ def test_the_background_build_follows_the_order_the_notebooks_start_in():
         "fused_adam", "cpu_adam", "async_io"]
     # ops no queued notebook loads: the shorter builds first
     assert [op.key for op in ops.build_order(todo, ["01_distributed_concepts"])][-1] == "async_io"
+    # 16 trains with offload_optimizer and on NVMe (and times both ops): a fresh run starts it once both are built;
+    # undeclared, its NVMe launch waited 4 minutes for async_io's background build without a word
+    assert {op.key for op in ops.for_script("16_bigger_than_your_device")} >= {"cpu_adam", "async_io"}
+    assert {op.key for op in ops.for_script("16_this_machine")} >= {"cpu_adam", "async_io"}
 
 
 def test_an_op_past_its_estimate_is_given_its_own_pace_not_a_few_seconds(tmp_path, monkeypatch):
