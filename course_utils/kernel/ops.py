@@ -61,7 +61,8 @@ NOTEBOOKS_BESIDE_BUILD = 1.5
 
 # In build order when nothing says which notebooks come first (:func:`build_order` orders by the run's queue): what the
 # earliest notebooks load first; cpu_adam before async_io, since four notebooks after 04 wait for cpu_adam alone, while
-# async_io serves 04 and 16 only (a run that built async_io first kept 07 waiting almost 6 minutes for a one-minute build).
+# async_io serves 04 and 16 only (a run that built async_io first kept 07 waiting almost 6 minutes for a one-minute
+# build).
 # A GPU machine's GPU ranks load CUDA builds and talk over NCCL (no shm op); its CPU ranks (the launches that need more
 # ranks than it has GPUs) load the CPU builds, kept in a folder of their own.
 ALL_OPS = (SHM, FUSED_ADAM, CPU_ADAM, ASYNC_IO)
