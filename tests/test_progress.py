@@ -18,7 +18,8 @@ from course_utils.common import paths
 
 
 def test_minutes_reads_like_an_estimate():
-    assert [progress.minutes(s) for s in (3, 41, 119, 121, 600)] == ["10 s", "50 s", "120 s", "3 min", "10 min"]
+    assert [progress.minutes(s) for s in (3, 41, 119, 121, 149, 151, 600)] == ["10 s", "50 s", "120 s", "2 min",
+                                                                               "2 min", "3 min", "10 min"]
     assert progress.clock(245) == "4 min 05 s"
 
 
@@ -27,6 +28,24 @@ def test_time_left_splits_shared_notebooks_over_the_lanes_and_adds_those_that_ru
     left = progress.left_seconds(["c", "z"], {"a": 30, "b": 60}, estimate, alone={"z"}, lanes=2)
     assert left == pytest.approx((70 + 6 + 40) / 2 + 80)         # b ran past its estimate: a tenth of it is left
     assert progress.left_seconds([], {}, estimate, set(), 2) == 0
+
+
+def test_the_estimates_learn_this_machines_pace_from_the_notebooks_that_finished():
+    """Seen in a fresh make course on a fast machine: every notebook announced with its recorded time (from a slower
+    machine) times the build's share; 12 took 90 s against "about 4 min", 17 112 s against "about 5 min"."""
+    pace = progress.RunPace()
+    assert pace.factor == 1.0 and pace.line(1.0) is None            # nothing finished yet: the recorded times
+    pace.add(105, 78)
+    pace.add(150, 82)                                                # 00 and 01 of that run
+    assert pace.factor == pytest.approx(160 / 255)
+    assert "0.63 ×" in pace.line(1.0) and pace.line(pace.factor) is None
+    assert progress.minutes(246 * pace.factor) == "3 min"           # 17 of that run: 112 s, "about 5 min" before
+    slow = progress.RunPace()
+    slow.add(60, 600)
+    assert slow.factor == slow.HIGH
+    fast = progress.RunPace()
+    fast.add(600, 6)
+    assert fast.factor == fast.LOW
 
 
 def test_a_first_run_estimates_from_the_manifests_recorded_run():

@@ -34,10 +34,11 @@ def live() -> bool:
 
 
 def minutes(seconds: float) -> str:
-    """``"40 s"``, ``"3 min"``: how a learner reads an estimate (rounded up to 10 s under 2 min, else to a minute)."""
+    """``"40 s"``, ``"3 min"``: how a learner reads an estimate (rounded up to 10 s under 2 min, else to the nearest
+    minute: rounding 2 min 10 s up to "3 min" would announce 40 % more than it is)."""
     if seconds < 120:
         return f"{max(10, -(-int(seconds) // 10) * 10)} s"
-    return f"{-(-int(seconds) // 60)} min"
+    return f"{int(seconds / 60 + 0.5)} min"
 
 
 def clock(seconds: float) -> str:
@@ -116,6 +117,33 @@ class CourseBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class RunPace:
+    """How fast this machine runs the notebooks: the notebooks of this run that finished well, their time over what was
+    expected of each (its recorded time, times the op build's share where one ran beside; 1.0 before the first). The
+    estimates of those still to come are scaled by it, so that a machine faster or slower than the one that recorded
+    the manifest's ``full_seconds`` (machines differ by up to 2x) is announced its own times from the third notebook
+    on. Kept within [LOW, HIGH], and a notebook that failed is not counted."""
+
+    LOW, HIGH = 0.4, 2.5
+
+    def __init__(self) -> None:
+        self.expected, self.took = 0.0, 0.0
+
+    @property
+    def factor(self) -> float:
+        return min(self.HIGH, max(self.LOW, self.took / self.expected)) if self.expected else 1.0
+
+    def add(self, expected: float, took: float) -> None:
+        self.expected, self.took = self.expected + expected, self.took + took
+
+    def line(self, told: float) -> str | None:
+        """A line when the factor has moved by a fifth or more from ``told`` (the factor last said), else None."""
+        if abs(self.factor / told - 1) < 0.2:
+            return None
+        return (f"  (the notebooks have taken {self.factor:.2f} × their expected times on this machine so far: the "
+                "estimates from here on count with it)")
 
 
 def left_seconds(waiting: list[str], running: Mapping[str, float], estimate: Mapping[str, float],

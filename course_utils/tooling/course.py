@@ -205,6 +205,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     estimate = {**manifest.full_seconds(), **earlier}     # the manifest's recorded run, then this machine's
     outcomes: list[Outcome] = []
     bar = progress.CourseBar(len(chosen))
+    pace, pace_told = progress.RunPace(), 1.0      # this machine's pace against the expected times, learnt as it goes
     builder, state, told, said = opbuild.start([nb.stem for nb in queue]), opbuild.read_state(), set(), {}
     progress.say(f"{len(chosen)} notebooks, {lanes} at a time; each kernel's own log (outside its cells) goes to "
                  f"{paths.relative(build / 'executed')}/<notebook>.kernel.log")
@@ -215,23 +216,24 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
 
     def left(running: dict) -> float:
         now = time.monotonic()
-        return progress.left_seconds([nb.stem for nb in queue], {nb.stem: now - t for nb, t in running.values()},
-                                     estimate, {nb.stem for nb in alone}, lanes)
+        return progress.left_seconds([nb.stem for nb in queue], {nb.stem: now - t for nb, t, _ in running.values()},
+                                     {k: v * pace.factor for k, v in estimate.items()}, {nb.stem for nb in alone}, lanes)
     try:
         with ProcessPoolExecutor(max(1, lanes), mp_context=multiprocessing.get_context("spawn")) as pool:
-            running: dict = {}      # future → (notebook, when it started)
+            running: dict = {}      # future → (notebook, when it started, the time expected of it before the pace)
             while queue or running:
                 state = opbuild.read_state()
                 for line in opbuild.news(said, opbuild.raw_state() if builder else None):
                     progress.say(line)
-                while (nb := next_notebook(queue, [n for n, _ in running.values()], alone, lanes, blocked)) is not None:
+                while (nb := next_notebook(queue, [n for n, *_ in running.values()], alone, lanes, blocked)) is not None:
                     queue.remove(nb)
                     beside_build = ops.NOTEBOOKS_BESIDE_BUILD if state is not None else 1.0   # compilers share the cores
+                    expected = beside_build * estimate.get(nb.stem, 60)
                     progress.say(f"▶ notebook {len(chosen) - len(queue)} of {len(chosen)}: {nb.stem} (about "
-                                 f"{progress.minutes(beside_build * estimate.get(nb.stem, 60))}"
+                                 f"{progress.minutes(expected * pace.factor)}"
                                  + (", beside the op build" if state is not None else "") + ")"
                                  + (f" — alone: {alone[nb]}" if nb in alone else ""))
-                    running[pool.submit(_run_one, nb, smoke)] = (nb, time.monotonic())
+                    running[pool.submit(_run_one, nb, smoke)] = (nb, time.monotonic(), expected)
                 if queue and queue[0] not in told and len(running) < lanes and (waits := blocked(queue[0])):
                     told.add(queue[0])      # its lane is free now: the compilers' pace from now on, not so far
                     progress.say(opbuild.waiting_line(queue[0].stem, blocked(queue[0], opbuild.recent_pace()) or waits))
@@ -241,14 +243,19 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
                     continue
                 done, _ = wait(running, timeout=2, return_when=FIRST_COMPLETED)
                 for future in done:
-                    nb, _ = running.pop(future)
+                    nb, _, expected = running.pop(future)
                     try:
                         o = future.result()
                     except Exception as e:     # the worker process itself died: reported, and the course goes on
                         o = Outcome(nb.stem, False, 0.0, build / "executed" / nb.name, f"{type(e).__name__}: {e}")
                     outcomes.append(o)
+                    if o.ok:
+                        pace.add(expected, o.seconds)
                     status = "ok" if o.ok else "FAILED " + o.error.splitlines()[0][:200]
                     bar.done(len(outcomes), f"  {o.name}: {status} in {o.seconds:.0f} s", left(running))
+                    if queue and (line := pace.line(pace_told)):
+                        progress.say(line)
+                        pace_told = pace.factor
     finally:
         bar.close()
         if opbuild.stop(builder):
