@@ -202,7 +202,8 @@ def with_student_replay(notebook: Path, out: Path, launches: bool | None = None)
 
 def refused_badly(name: str, notebook: Path, replayed: dict) -> list[str]:
     """What is wrong with the replayed wrong answers of ``name``: one that passed or failed otherwise than by the
-    check's refusal, or whose refusal shows a ``secret`` or a line of the exercise's solution."""
+    check's refusal (or by another refusal than the one its ``says`` names), or whose refusal shows a ``secret`` or a
+    line of the exercise's solution."""
     import answers
     from course_utils.tooling.student import BEGIN, END, exercises
 
@@ -219,6 +220,9 @@ def refused_badly(name: str, notebook: Path, replayed: dict) -> list[str]:
             if not t["refused"]:
                 said.append(f"{where}: {t['error']} instead of the check's refusal: {t['message'][-400:]}")
                 continue
+            says = [a.says for a in declared[exercise].answers if a.why == t["why"] and a.says] if exercise in declared else []
+            if says and says[0] not in t["message"]:
+                said.append(f"{where}: refused, but not by the check's branch that says {says[0]!r}: {t['message'][-400:]}")
             shown = t["message"] + t["output"]
             leaks = [s for s in secrets if s in shown] + [l for l in lines if l in shown]
             if leaks:

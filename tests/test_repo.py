@@ -8,6 +8,7 @@ import pytest
 from course_utils.common import paths
 from course_utils.tooling.nbtools import has_outputs, notebooks
 from course_utils.tooling import student
+from course_utils.kernel import ops
 from course_utils.tooling.student import BEGIN, END
 
 NOTEBOOKS = notebooks()
@@ -97,6 +98,7 @@ def test_course_runs_notebooks_side_by_side_except_those_that_must_run_alone():
     runs = [course.Outcome("a", True, 5, a, started=0, ended=5), course.Outcome("b", True, 4, b, started=3, ended=7),
             course.Outcome("t", True, 2, timed, started=7, ended=9)]
     assert [course.beside(o, runs) for o in runs] == [["b"], ["a"], []]
+    assert [course.beside(o, runs, build_until=3.5) for o in runs] == [["b", course.BUILD], ["a", course.BUILD], []]
     timing = {nb.stem for nb in NOTEBOOKS if course.runs_alone(nb)}
     assert {"04_offload_and_infinity", "10_capstone_translation"} <= timing
 
@@ -109,6 +111,9 @@ def test_course_starts_the_longest_shared_notebooks_first(tmp_path):
                       "| a | ok | 30 s | b |\n| b | ok | 120 s | a |\n| t | FAILED | 60 s | — |\n")
     assert course.previous_seconds(report) == {"a": 30.0, "b": 120.0, "t": 60.0}
     assert course.previous_seconds(tmp_path / "none.md") == {}
+    beside_build = tmp_path / "fresh.md"      # a first run: the ops built beside it, which slowed it by the build's share
+    beside_build.write_text(f"| a | ok | 90 s | b, {course.BUILD} |\n| b | ok | 40 s | a |\n")
+    assert course.previous_seconds(beside_build) == {"a": 90 / ops.NOTEBOOKS_BESIDE_BUILD, "b": 40.0}
     a, b, new, timed = Path("a.ipynb"), Path("b.ipynb"), Path("new.ipynb"), Path("t.ipynb")
     assert course.lane_order([a, b, new, timed], {timed}, course.previous_seconds(report)) == [new, b, a, timed]
     assert course.lane_order([a, b, timed], {timed}, {}) == [a, b, timed], "no earlier run: course order"

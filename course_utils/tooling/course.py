@@ -101,9 +101,14 @@ def _figure(value: object, width: int = 70) -> str:
     return (cut[: cut.rfind(" ")] if " " in cut[width // 2:] else cut) + "…"     # at a word's end where one is near
 
 
-def beside(o: Outcome, outcomes: list[Outcome]) -> list[str]:
-    """The notebooks that ran while ``o`` ran."""
-    return [b.name for b in outcomes if b is not o and b.started < o.ended and o.started < b.ended]
+BUILD = "the op build"      # in a report's "ran beside" column: DeepSpeed's ops were building while it ran
+
+
+def beside(o: Outcome, outcomes: list[Outcome], build_until: float = 0.0) -> list[str]:
+    """The notebooks that ran while ``o`` ran, and :data:`BUILD` when it started before ``build_until`` (time.time()
+    when the background op build was last seen running)."""
+    return [b.name for b in outcomes if b is not o and b.started < o.ended and o.started < b.ended] + \
+        ([BUILD] if o.started < build_until else [])
 
 
 def runs_alone(notebook: Path) -> str:
@@ -114,13 +119,16 @@ def runs_alone(notebook: Path) -> str:
 
 
 def previous_seconds(report: Path) -> dict[str, float]:
-    """Each notebook's wall time in an earlier ``report.md`` (empty when there is none)."""
+    """Each notebook's wall time in an earlier ``report.md`` (empty when there is none); one that ran beside the op
+    build, as without it (its time over :data:`course_utils.kernel.ops.NOTEBOOKS_BESIDE_BUILD`)."""
     import re
+    from course_utils.kernel.ops import NOTEBOOKS_BESIDE_BUILD
 
     if not report.exists():
         return {}
-    rows = re.findall(r"^\| (\S+) \| [A-Za-z]+ \| (\d+) s \|", report.read_text(), re.M)
-    return {name: float(seconds) for name, seconds in rows}
+    rows = re.findall(r"^\| (\S+) \| [A-Za-z]+ \| (\d+) s \| (.*) \|$", report.read_text(), re.M)
+    return {name: float(seconds) / (NOTEBOOKS_BESIDE_BUILD if BUILD in ran_beside else 1.0)
+            for name, seconds, ran_beside in rows}
 
 
 def lane_order(chosen: list[Path], alone: Container[Path], seconds: dict[str, float]) -> list[Path]:
@@ -138,12 +146,12 @@ def may_start(notebook: Path, running: list[Path], alone: Container[Path], lanes
 SMOKE_NOTE = "Smoke parameters (the tests' settings): these times are not the course's."
 
 
-def report(outcomes: list[Outcome], smoke: bool = False) -> str:
+def report(outcomes: list[Outcome], smoke: bool = False, build_until: float = 0.0) -> str:
     lines = ["# DeepSpeed course — run report", "",
              f"{sum(o.ok for o in outcomes)}/{len(outcomes)} notebooks passed.", "",
              *([SMOKE_NOTE, ""] if smoke else []),
              "| notebook | status | wall time | ran beside |", "|---|---|---|---|"]
-    lines += [f"| {o.name} | {'ok' if o.ok else 'FAILED'} | {o.seconds:.0f} s | {', '.join(beside(o, outcomes)) or '—'} |"
+    lines += [f"| {o.name} | {'ok' if o.ok else 'FAILED'} | {o.seconds:.0f} s | {', '.join(beside(o, outcomes, build_until)) or '—'} |"
               for o in outcomes]
     for o in outcomes:
         lines += ["", f"## {o.name}", ""]
@@ -206,6 +214,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
     outcomes: list[Outcome] = []
     bar = progress.CourseBar(len(chosen))
     pace, pace_told = progress.RunPace(), 1.0      # this machine's pace against the expected times, learnt as it goes
+    build_until = 0.0                               # time.time() when the background op build was last seen running
     builder, state, told, said = opbuild.start([nb.stem for nb in queue]), opbuild.read_state(), set(), {}
     progress.say(f"{len(chosen)} notebooks, {lanes} at a time; each kernel's own log (outside its cells) goes to "
                  f"{paths.relative(build / 'executed')}/<notebook>.kernel.log")
@@ -223,6 +232,8 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
             running: dict = {}      # future → (notebook, when it started, the time expected of it before the pace)
             while queue or running:
                 state = opbuild.read_state()
+                if state is not None:
+                    build_until = time.time()
                 for line in opbuild.news(said, opbuild.raw_state() if builder else None):
                     progress.say(line)
                 while (nb := next_notebook(queue, [n for n, *_ in running.values()], alone, lanes, blocked)) is not None:
@@ -261,7 +272,7 @@ def run(selected: list[str] | None = None, smoke: bool = False, lanes: int = 2) 
         if opbuild.stop(builder):
             progress.say("The background op build stopped before it finished; the next `make course` goes on with it.")
     outcomes.sort(key=lambda o: o.name)
-    (build / "report.md").write_text(report(outcomes, smoke))
+    (build / "report.md").write_text(report(outcomes, smoke, build_until))
     if not selected and not smoke and all(o.ok for o in outcomes):     # a full run: the guide's timings, under build/
         from course_utils.tooling import instructors
         if instructors.write_table(build / "report.md"):

@@ -82,7 +82,7 @@ def render(rows: list[dict], counts: dict[str, int] | None = None) -> str:
     on_own = sum(alone.values())
     lines.append(f"| **all, one after another** | {total // 60} min {total % 60:02d} s | {sum(counts.get(r['notebook'], 0) for r in rows)}"
                  f" | {slots // 60} h {slots % 60:02d} min | {on_own // 60} h {on_own % 60:02d} min |")
-    lines += ["", "\\* ran beside another notebook in that `make course` run (two at a time): alone it is faster."]
+    lines += ["", "\\* ran beside another notebook (two at a time), or beside DeepSpeed's op build, in that `make course` run: alone it is faster."]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ class Answer:
     kind: str            # "copier" or "misread"
     why: str             # what the learner did, in one sentence
     source: str          # the exercise cell's whole source as that learner wrote it
+    says: str = ""       # text the refusal must hold, where the check refuses this answer in a branch of its own
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,15 @@ class Wrong:
         return [a for a in self.answers if a.kind == kind]
 
 
-def wrong(copier: "tuple[str, str] | list[tuple[str, str]]", misread: "tuple[str, str] | list[tuple[str, str]]",
+def wrong(copier: "tuple | list[tuple]", misread: "tuple | list[tuple]",
           run: str = "check", launches: bool = False, secret: "tuple[str, ...] | list[str]" = ()) -> Wrong:
-    """``copier`` and ``misread``: ``(why, source)`` or a list of them; ``source`` replaces the exercise cell."""
+    """``copier`` and ``misread``: ``(why, source)`` or ``(why, source, says)``, or a list of them; ``source``
+    replaces the exercise cell, ``says`` is text its refusal must hold."""
     assert run in RUN, run
     answers = []
     for kind, given in (("copier", copier), ("misread", misread)):
-        for why, source in ([given] if isinstance(given, tuple) else given):
-            answers.append(Answer(kind, why.strip(), textwrap.dedent(source).strip() + "\n"))
+        for why, source, *says in ([given] if isinstance(given, tuple) else given):
+            answers.append(Answer(kind, why.strip(), textwrap.dedent(source).strip() + "\n", *says))
     return Wrong(tuple(answers), run, launches, tuple(secret))
 
 

@@ -3,7 +3,7 @@ from answers import wrong
 
 ANSWERS = {
     "predicted_dtypes": wrong(
-        copier=("copies the measured table's rows, and for the engine it leaves out the nearest row, autocast in bf16", """
+        copier=[("copies the measured table's rows, and for the engine it leaves out the nearest row, autocast in bf16", """
             def predicted_dtypes() -> dict:
                 return {"fp32": {"module": "float32", "master": "float32", "grad": "float32", "forward": "float32"},
                         "bf16": {"module": "bfloat16", "master": "float32", "grad": "bfloat16", "forward": "bfloat16"},
@@ -12,6 +12,14 @@ ANSWERS = {
                         "torch_autocast fp16": {"module": "float32", "master": "float32", "grad": "float32",
                                                 "forward": "bfloat16"}}
             """),
+                ("launched with a first guess (everything fp32), then copies what the engines held into the function "
+                 "and runs the check without launching again", """
+            def predicted_dtypes() -> dict:
+                return {e: {f: dtypes.loc[e, f] for f in ("module", "master", "grad", "forward")} for e in dtypes.index}
+
+
+            prediction = {e: {f: "float32" for f in ("module", "master", "grad", "forward")} for e in dtypes.index}
+            """, "has changed since the launch")],
         misread=("thinks torch_autocast casts the model to its dtype, as the bf16 section does", """
             def predicted_dtypes() -> dict:
                 return {"fp32": {"module": "float32", "master": "float32", "grad": "float32", "forward": "float32"},

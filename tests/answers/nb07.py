@@ -3,11 +3,19 @@ from answers import wrong
 
 ANSWERS = {
     "predicted_adam_classes": wrong(
-        copier=("copies the classes the table shows for the nearest sections, those with the default adam_w_mode", """
+        copier=[("copies the classes the table shows for the nearest sections, those with the default adam_w_mode", """
             def predicted_adam_classes() -> dict:
                 return {(False, False): "FusedAdam", (True, False): "AdamW",
                         (False, True): "DeepSpeedCPUAdam", (True, True): "AdamW"}
             """),
+                ("launched with a first guess, then copies the classes the engines built into the function and runs "
+                 "the check without launching again", """
+            def predicted_adam_classes() -> dict:
+                return {case: measured.get(label) for case, label in ADAM_CASES.items()}
+
+
+            prediction = {case: "FusedAdam" for case in ADAM_CASES}
+            """, "has changed since the launch")],
         misread=("thinks offload is decided first, so every offloaded Adam becomes DeepSpeedCPUAdam", """
             def predicted_adam_classes() -> dict:
                 return {(False, False): "FusedAdam", (True, False): "Adam",

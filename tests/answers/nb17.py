@@ -34,10 +34,18 @@ ANSWERS = {
             """),
         run="from_solution", launches=True),
     "predict_sp4_longest": wrong(
-        copier=("copies the step from SP 1 to SP 2 the page shows, and doubles SP 2's longest length for twice the ranks", """
+        copier=[("copies the step from SP 1 to SP 2 the page shows, and doubles SP 2's longest length for twice the ranks", """
             def predict_sp4_longest() -> int:
                 return 2 * sp2.longest
             """),
+                ("launched with that doubling, then copies the longest length SP 4 printed into the function and runs "
+                 "the check without launching again", """
+            def predict_sp4_longest() -> int:
+                return sp4.longest
+
+
+            predicted_longest = 2 * sp2.longest
+            """, "has changed since the launch")],
         misread=("thinks every part of a rank's memory is per token, so four ranks train four times SP 1's longest "
                  "length", """
             def predict_sp4_longest() -> int:
