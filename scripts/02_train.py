@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_utils.common import run_folder
+from course_utils.common import paths, run_folder
 from course_utils.rank import data
 from course_utils.rank.models import count_parameters
 from course_utils.common.record import record
@@ -124,17 +124,41 @@ def own_loss(seen: dict, batch, device) -> float:
     return F.cross_entropy(seen.pop("logits").float(), batch["label"].to(device)).item()
 
 
+class TokenIds(torch.utils.data.Dataset):
+    """A tokenized split, one tensor per column (idx, input_ids, attention_mask, label): item i is the dict of row i,
+    which a DataLoader stacks into a batch."""
+
+    def __init__(self, columns: dict):
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["idx"])
+
+    def __getitem__(self, i):
+        return {name: column[i] for name, column in self.columns.items()}
+
+
 def prepare_data(args, rank: int):
-    """The emotion splits and tokenizer (made once by rank 0, loaded by the others), tokenized."""
+    """The vocabulary size and the tokenized emotion splits. Rank 0 generates the data set, trains the tokenizer
+    and tokenizes once (each cached under build/data), the others wait and load the token ids it saved; a later
+    launch with the same sizes loads those token ids alone."""
+    saved = paths.data_dir() / "tokens" / f"emotion_{args.train_size}_{args.eval_size}_{args.vocab_size}_{args.max_length}.pt"
     if rank != 0:
-        dist.barrier()                    # rank 0 generates the data and trains the tokenizer once ...
-    splits = data.emotion_dataset(args.train_size, args.eval_size, seed=0)
-    tokenizer = data.cached_wordpiece(f"emotion_{args.train_size}_{args.vocab_size}", splits["train"]["text"],
-                                      args.vocab_size)
+        dist.barrier()                    # rank 0 makes the data, tokenizer and token ids once ...
+    if not saved.exists():                # rank 0; on a node with a build folder of its own, its ranks too
+        splits = data.emotion_dataset(args.train_size, args.eval_size, seed=0)
+        tokenizer = data.cached_wordpiece(f"emotion_{args.train_size}_{args.vocab_size}", splits["train"]["text"],
+                                          args.vocab_size)
+        tokens = {"vocabulary": len(tokenizer),
+                  **{s: dict(data.tokenize(splits[s], tokenizer, args.max_length)[:]) for s in ("train", "eval")}}
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        partial = saved.with_name(f"{saved.name}.{os.getpid()}")
+        torch.save(tokens, partial)
+        os.replace(partial, saved)
     if rank == 0:
         dist.barrier()                    # ... the others load them from the cache
-    train_set, eval_set = (data.tokenize(splits[s], tokenizer, args.max_length) for s in ("train", "eval"))
-    return tokenizer, train_set, eval_set
+    tokens = torch.load(saved)
+    return tokens["vocabulary"], TokenIds(tokens["train"]), TokenIds(tokens["eval"])
 
 
 def train(args, engine, train_loader, device, train_step) -> int:
@@ -179,15 +203,15 @@ def main(argv=None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = get_accelerator().device_name(args.local_rank)
     fns = learner_functions(args.functions)
-    tokenizer, train_set, eval_set = prepare_data(args, rank)
+    vocabulary, train_set, eval_set = prepare_data(args, rank)
 
     seed_everything(args.seed)
-    model = data.emotion_classifier(len(tokenizer), seed=args.seed)
+    model = data.emotion_classifier(vocabulary, seed=args.seed)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     batch_size = engine.train_micro_batch_size_per_gpu()
     record("batch_sizes", {"micro": batch_size, "accumulation": engine.gradient_accumulation_steps(),
                            "global": engine.train_batch_size()})   # what DeepSpeed made of the config
-    rank0_print(f"{count_parameters(model):,} parameters, vocabulary {len(tokenizer)}, {len(train_set)} train / "
+    rank0_print(f"{count_parameters(model):,} parameters, vocabulary {vocabulary}, {len(train_set)} train / "
                 f"{len(eval_set)} eval examples, micro batch {batch_size} per rank × {world} ranks")
 
     if args.tutorial_loop:                 # the tutorial: a plain DataLoader on every rank
@@ -226,7 +250,7 @@ def main(argv=None) -> None:
     if not args.tutorial_loop:
         args.output_dir = args.output_dir or str(run_folder.here() / "checkpoint")
         engine.save_checkpoint(args.output_dir, tag="final")
-        fresh = data.emotion_classifier(len(tokenizer), seed=args.seed + 1)   # different random weights on purpose
+        fresh = data.emotion_classifier(vocabulary, seed=args.seed + 1)   # different random weights on purpose
         reloaded, _, _, _ = deepspeed.initialize(args=args, model=fresh, model_parameters=fresh.parameters())
         before = evaluate(reloaded, eval_loader, gather, device)
         reloaded.load_checkpoint(args.output_dir, tag="final", load_module_only=True)

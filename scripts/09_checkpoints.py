@@ -221,7 +221,6 @@ def train(args, base: dict, out: Path, device: str) -> None:
         rank0_print(f"step {step + 1:3d}  loss {loss:.6f}  lr {engine.get_lr()[0]:.2e}")
         if step + 1 in args.save_at:
             engine.save_checkpoint(str(out), tag=f"global_step{step + 1}", client_state={"step": step + 1})
-    save_live(engine, out / "final_live.safetensors")
     engine.eval()
     with torch.no_grad():
         logits = engine(input_ids=fixed_batch().to(device)).logits

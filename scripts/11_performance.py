@@ -8,8 +8,8 @@ names some (the notebook launches the first alone, so that a learner's loop reru
    did ``engine.step()`` change the weights. Last, the accumulation loops people write by hand around an engine
    (:data:`PITFALLS`), each from the same weights, and the update each made against updates computed by hand.
 2. Activation memory: torch's memory tracker around one forward + backward pass of the ZeRO GPT-2 per sequence
-   length and micro-batch, without and with activation checkpointing (transformers' and DeepSpeed's); the step time
-   each costs.
+   length and micro-batch, without and with activation checkpointing (transformers' and DeepSpeed's; CPU ranks count
+   a share of the points each and exchange them); the step time each costs.
 3. One engine with the config's flops profiler, ``wall_clock_breakdown``, comms logger and ``csv_monitor``, trained on
    sequences that count upward (a rule to learn: the loss it logs falls): every step's forward / backward / step
    times and collectives, the profiler's FLOPs per module, this rank's matmul peak, and all_reduce timings of
@@ -171,12 +171,26 @@ def run_activations(base: dict, seq_lens: list[int], batches: list[int], hidden:
     model.config.use_cache = False
     vocab = preset("zero_lab").vocab_size
     points = [(s, b) for s in seq_lens for b in batches] + [hidden]
+    # Every rank holds the same model and builds the same inputs, so the bytes counted are the same on any rank. CPU
+    # ranks share the machine's cores: each counts its share of the points, and the ranks exchange what they counted.
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.get_backend() == "gloo" else (0, 1)
+    counted = {}
     for how in ("off", "hf", "deepspeed"):          # deepspeed.checkpointing at every point but exercise 2's
         perf.set_checkpointing(model, how, base)
-        for seq, batch in points if how != "deepspeed" else points[:-1]:
+        for i, (seq, batch) in enumerate(points if how != "deepspeed" else points[:-1]):
+            if i % world != rank:
+                continue
             ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seq * 100 + batch))
             m = perf.activation_memory(model, ids.to(device))
-            record(Activation(how, seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak))
+            counted[how, seq, batch] = Activation(how, seq, batch, m.after_forward["Activation"], m.peak["Total"], m.peak)
+    if world > 1:
+        shares = [None] * world
+        dist.all_gather_object(shares, counted)
+        counted = {k: a for share in shares for k, a in share.items()}
+    for how in ("off", "hf", "deepspeed"):          # every rank records them all, in the order of the points
+        for seq, batch in points:
+            if (how, seq, batch) in counted:
+                record(counted[how, seq, batch])
     seq, batch = time_at or (max(seq_lens), max(batches))
     ids = torch.randint(0, vocab, (batch, seq)).to(device)
     passes = perf.interleaved_passes(model, ids, timed, repeats, base)

@@ -19,6 +19,7 @@ Run from a terminal:
   deepspeed --num_gpus 2 scripts/17_long_context.py --deepspeed_config configs/17_long_context.json
 """
 import argparse
+import gc
 
 import deepspeed
 import torch
@@ -135,6 +136,10 @@ def main(argv=None) -> None:
     # once per process, after the reference: from here on transformers' "sdpa" is DeepSpeed's wrapper around it
     # (register_with_transformers replaces the entry in ALL_ATTENTION_FUNCTIONS), and the SP groups exist
     mpu = sequence_memory.register(dist.get_world_size())
+    # what the process holds now (the libraries' modules) lives until it ends: frozen, it leaves each engine's
+    # release (a garbage collection) only the objects made since
+    gc.collect()
+    gc.freeze()
     for label in args.runs:
         if label == "adapter":
             run(label, config, mpu, args.seq_len, args.steps)

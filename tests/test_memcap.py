@@ -59,3 +59,34 @@ def test_a_v1_host_without_swap_gets_its_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(memcap.Path, "rmdir", lambda self: None)     # a plain folder: the kernel's files are absent
     with memcap.memory_cap(128) as procs:
         assert (procs.parent / "memory.limit_in_bytes").read_text() == str(128 * 2**20)
+
+
+HOLD = """
+import sys, time
+from course_utils.kernel.launch import memcap
+with memcap.memory_cap(128) as procs:
+    print(procs.parent, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_kernel_killed_while_it_holds_a_cgroup_leaves_none():
+    """SIGKILL skips the ``with`` block's removal: the cgroup's watchdog removes it when its maker dies."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    if not memcap.available():
+        pytest.skip("no memory cgroups here")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True)
+    try:
+        group = Path(holder.stdout.readline().strip())
+        assert group.is_dir()
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    deadline = time.monotonic() + 30
+    while group.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group.exists(), f"{group} outlived the process that made it"

@@ -75,6 +75,25 @@ def failure_files(run_dir: Path) -> list[Path]:
     return sorted((Path(run_dir) / FAILURES).glob("rank*.json"))
 
 
+def write_failure(rank: str, when: float, error: BaseException) -> None:
+    """This rank's failure record in the current run folder (``failures/rank<N>.json``: the rank hook's for an
+    uncaught exception, and a rank that ends itself at a limit): complete when it appears, as the runner reads it."""
+    import json
+    import os
+    import traceback
+
+    try:
+        path = failure_file(current(), rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"rank": rank, "time": when, "error": f"{type(error).__name__}: {error}",
+                       "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))}, f)
+        os.replace(tmp, path)     # complete when it appears
+    except (OSError, TypeError):  # TypeError: no run folder (a script run from a terminal)
+        pass
+
+
 def stacks_file(run_dir: Path, rank: int | str, pid: int) -> Path:
     return Path(run_dir) / STACKS / f"rank{rank}-{pid}.txt"
 

@@ -21,6 +21,7 @@ MLP instances only, as the ``TiledMLP`` docstring's Llama example does for the c
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 import types
@@ -69,6 +70,11 @@ def engine_for(sp: int, dtype: str, mpu=None):
     if dtype != "fp32":
         config[dtype] = {"enabled": True}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
+    # what the process holds now (the libraries' modules, the engine) lives until it ends: freezing it leaves the
+    # collection before each measurement (``Meter.start``, ``free_memory``) only the objects made since — what the
+    # lengths make and free — instead of millions of objects torch, transformers and DeepSpeed imported
+    gc.collect()
+    gc.freeze()
     return engine
 
 
@@ -97,16 +103,22 @@ def grow(engine, sp: int, lengths, steps: int, meter: "Meter", cap_bytes: int, k
 def out_of_memory(sp: int, length: int, err: Exception, counter) -> None:
     """End this rank at the length its limit refused: a :class:`LengthRefused` record and one line (the launcher then
     ends the other ranks, which may be waiting for it in a collective), as a GPU rank ends at its allocator's
-    ``OutOfMemoryError``."""
+    ``OutOfMemoryError``. Under the course's runner the rank also leaves the failure record the rank hook leaves for
+    an uncaught exception (``failures/rank<N>.json``): once every rank has ended so, the runner ends the launch at
+    once instead of waiting for the launcher's polling and shutdown."""
     import os
     import sys
+    import time
 
+    from course_utils.common import run_folder
     from course_utils.common.record import record
     from course_utils.common.records.long_context_memory import LengthRefused
 
     record(LengthRefused(sp, length, *counter.refused, counter.cap_bytes))
     print(f"{length} tokens: {type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    if run_folder.current() is not None and "RANK" in os.environ:
+        run_folder.write_failure(os.environ["RANK"], time.time(), err)
     os._exit(1)         # no interpreter shutdown: gloo's threads may be waiting on a rank that ended
 
 

@@ -68,23 +68,35 @@ def memory_cap(megabytes: int, wait: float = 10.0) -> Iterator[Path]:
             group.rmdir()
         raise MemoryCapUnavailable(f"cannot make a memory cgroup under {parent} ({e.strerror}): this needs root "
                                    "and a writable cgroup file system (a container may not give one)") from None
+    from course_utils.kernel.launch.processes import watchdog
+
+    guard = watchdog("call", f"{__name__}:remove", str(group), str(wait))     # a kernel killed meanwhile: it removes it
     try:
         yield group / "cgroup.procs"
     finally:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                group.rmdir()                  # only succeeds once no process is left in it
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    for pid in (group / "cgroup.procs").read_text().split():
-                        try:
-                            os.kill(int(pid), 9)
-                        except ProcessLookupError:
-                            pass
-                    deadline = time.monotonic() + wait
-                time.sleep(0.05)
+        remove(group, wait)
+        guard.kill()
+        guard.wait()
+
+
+def remove(group: Path | str, wait: float | str = 10.0) -> None:
+    """Remove the memory cgroup ``group`` once no process is left in it; SIGKILL what is still in it after ``wait``
+    seconds. Also what a capped launch's watchdog does when the kernel that made the group dies."""
+    group, wait = Path(group), float(wait)
+    deadline = time.monotonic() + wait
+    while group.exists():
+        try:
+            group.rmdir()                  # only succeeds once no process is left in it
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                for pid in (group / "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), 9)
+                    except ProcessLookupError:
+                        pass
+                deadline = time.monotonic() + wait
+            time.sleep(0.05)
 
 
 def oom_kills(group: Path) -> int:

@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import time
-import traceback
 
 from course_utils.common import devices, run_folder
 
@@ -51,17 +50,7 @@ def _record_failure(exc_type, exc, tb):
     if not _IS_RANK:
         return
     _flush_standard_streams()
-    try:
-        rank = os.environ["RANK"]
-        path = run_folder.failure_file(run_folder.current(), rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"rank": rank, "time": when, "error": f"{exc_type.__name__}: {exc}",
-                       "traceback": "".join(traceback.format_exception(exc_type, exc, tb))}, f)
-        os.replace(tmp, path)     # complete when it appears
-    except OSError:
-        pass
+    run_folder.write_failure(os.environ["RANK"], when, exc)
     # the wait comes at exit, not here: torch.distributed's own excepthook (the "[rank0]:" prefix) holds this one's
     # output back until it returns, and a rank the launcher ends while it waits would take its traceback along
     _state["peer_lost"] = bool(PEER_LOST.search(str(exc)))
