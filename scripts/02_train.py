@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from deepspeed.accelerator import get_accelerator
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, StackDataset
 
-from course_utils.common import paths, run_folder
+from course_utils.common import run_folder
 from course_utils.rank import data
 from course_utils.rank.models import count_parameters
 from course_utils.common.record import record
@@ -124,41 +124,16 @@ def own_loss(seen: dict, batch, device) -> float:
     return F.cross_entropy(seen.pop("logits").float(), batch["label"].to(device)).item()
 
 
-class TokenIds(torch.utils.data.Dataset):
-    """A tokenized split, one tensor per column (idx, input_ids, attention_mask, label): item i is the dict of row i,
-    which a DataLoader stacks into a batch."""
-
-    def __init__(self, columns: dict):
-        self.columns = columns
-
-    def __len__(self) -> int:
-        return len(self.columns["idx"])
-
-    def __getitem__(self, i):
-        return {name: column[i] for name, column in self.columns.items()}
-
-
 def prepare_data(args, rank: int):
-    """The vocabulary size and the tokenized emotion splits. Rank 0 generates the data set, trains the tokenizer
-    and tokenizes once (each cached under build/data), the others wait and load the token ids it saved; a later
-    launch with the same sizes loads those token ids alone."""
-    saved = paths.data_dir() / "tokens" / f"emotion_{args.train_size}_{args.eval_size}_{args.vocab_size}_{args.max_length}.pt"
+    """The vocabulary size and the tokenized emotion splits: rank 0 generates the data set, trains the tokenizer and
+    tokenizes once (:func:`course_utils.rank.data.cached_emotion_tokens`, cached under build/data), the others wait
+    and load the token ids it saved."""
     if rank != 0:
         dist.barrier()                    # rank 0 makes the data, tokenizer and token ids once ...
-    if not saved.exists():                # rank 0; on a node with a build folder of its own, its ranks too
-        splits = data.emotion_dataset(args.train_size, args.eval_size, seed=0)
-        tokenizer = data.cached_wordpiece(f"emotion_{args.train_size}_{args.vocab_size}", splits["train"]["text"],
-                                          args.vocab_size)
-        tokens = {"vocabulary": len(tokenizer),
-                  **{s: dict(data.tokenize(splits[s], tokenizer, args.max_length)[:]) for s in ("train", "eval")}}
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        partial = saved.with_name(f"{saved.name}.{os.getpid()}")
-        torch.save(tokens, partial)
-        os.replace(partial, saved)
+    tokens = data.cached_emotion_tokens(args.train_size, args.eval_size, args.vocab_size, args.max_length)
     if rank == 0:
         dist.barrier()                    # ... the others load them from the cache
-    tokens = torch.load(saved)
-    return tokens["vocabulary"], TokenIds(tokens["train"]), TokenIds(tokens["eval"])
+    return tokens["vocabulary"], *(StackDataset(**tokens[s]) for s in ("train", "eval"))
 
 
 def train(args, engine, train_loader, device, train_step) -> int:

@@ -158,7 +158,7 @@ def test_the_folder_says_what_each_notebook_did_and_keeps_each_failure_whole(mon
     assert info["described"] is True and info["gpu"] == H100["name"] and info["gpu_count"] == 1
     assert info["budget"] == 200 and info["smoke"] is True and set(info["versions"]) >= {"python", "torch", "cuda"}
     assert json.loads((folder / "metrics" / "00_setup_and_first_launch.json").read_text()) == {"launch_seconds": 4.2}
-    assert not (folder / "metrics" / "05_memory_planning.json").exists()
+    assert not (folder / "metrics" / "06_mixed_precision.json").exists()
     assert (folder / "failures" / "06_mixed_precision.txt").read_text() == (
         "cell 7: ValueError: fp16 overflow\nthe rest of the text\n")
     listed = json.loads((folder / "notebooks.json").read_text())["notebooks"]

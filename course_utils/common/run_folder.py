@@ -82,15 +82,18 @@ def write_failure(rank: str, when: float, error: BaseException) -> None:
     import os
     import traceback
 
+    folder = current()
+    if folder is None:            # a script run from a terminal: no runner reads it
+        return
     try:
-        path = failure_file(current(), rank)
+        path = failure_file(folder, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "w") as f:
             json.dump({"rank": rank, "time": when, "error": f"{type(error).__name__}: {error}",
                        "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))}, f)
         os.replace(tmp, path)     # complete when it appears
-    except (OSError, TypeError):  # TypeError: no run folder (a script run from a terminal)
+    except OSError:
         pass
 
 

@@ -154,6 +154,25 @@ def tokenize(split, tokenizer, max_length: int):
     return encoded
 
 
+def cached_emotion_tokens(train_size: int, eval_size: int, vocab_size: int, max_length: int) -> dict:
+    """The emotion splits tokenized (:func:`emotion_dataset`, :func:`cached_wordpiece`, :func:`tokenize`) as plain
+    tensors, ``{"vocabulary": size, "train": {column: tensor}, "eval": {...}}``, saved under ``build/data/tokens`` and
+    loaded from there next time: a launch's ranks then import neither ``datasets`` nor the tokenizer."""
+    import torch
+
+    path = paths.data_dir() / "tokens" / f"emotion_{train_size}_{eval_size}_{vocab_size}_{max_length}.pt"
+    if not path.exists():
+        splits = emotion_dataset(train_size, eval_size, seed=0)
+        tokenizer = cached_wordpiece(f"emotion_{train_size}_{vocab_size}", splits["train"]["text"], vocab_size)
+        tokens = {"vocabulary": len(tokenizer),
+                  **{s: dict(tokenize(splits[s], tokenizer, max_length)[:]) for s in ("train", "eval")}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp{random.getrandbits(32)}")
+        torch.save(tokens, tmp)
+        tmp.replace(path)         # complete when it appears; the same bytes whoever wrote them
+    return torch.load(path)
+
+
 # ---------------------------------------------------------------- notebook 09: the checkpoint stream
 
 def sample(index: int):

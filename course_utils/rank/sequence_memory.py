@@ -117,7 +117,7 @@ def out_of_memory(sp: int, length: int, err: Exception, counter) -> None:
     record(LengthRefused(sp, length, *counter.refused, counter.cap_bytes))
     print(f"{length} tokens: {type(err).__module__}.{type(err).__name__}: {err}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    if run_folder.current() is not None and "RANK" in os.environ:
+    if "RANK" in os.environ:
         run_folder.write_failure(os.environ["RANK"], time.time(), err)
     os._exit(1)         # no interpreter shutdown: gloo's threads may be waiting on a rank that ended
 
