@@ -6,7 +6,8 @@ limit (``course_utils.rank.bigger.apply_limit``: on a GPU the CUDA allocator is 
 memory cgroup the notebook made), and only then builds models: the limit counts what training allocates. For each
 size it records an attempt, trains a few real optimizer steps, records where the model states were, and frees
 everything. A size too big for the limit ends the rank: SIGKILL from the kernel's out-of-memory killer on a CPU,
-``torch.OutOfMemoryError`` on a GPU; the notebook reads what was recorded before.
+``torch.OutOfMemoryError`` on a GPU; the notebook reads what was recorded before. With ``--machine_swap_dir`` the rank first measures this machine's rates
+(``course_utils.rank.machine_figures``), before it joins the limit.
 
 Run from a terminal (as root, after making a cgroup):
   deepspeed --num_gpus 1 scripts/16_bigger_than_your_device.py --configuration "no ZeRO" --cap_mb 256 --cgroup_procs ...
@@ -19,7 +20,9 @@ import torch.distributed as dist
 
 from course_utils.common.record import record
 from course_utils.common.records.bigger import CONFIGURATIONS, SIZES
-from course_utils.rank.bigger import apply_limit, charged, limit_peak, load_ops, start_peak, train_size
+from course_utils.rank import machine_figures
+from course_utils.rank.bigger import (apply_limit, charged, limit_peak, load_ops, return_freed_memory, start_peak,
+                                     train_size, trim_freed_memory)
 from course_utils.rank.engine import training_dtype
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args, rank0_print
 
@@ -35,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nvme_keys_file", default=None,
                         help="a file defining nvme_keys(folder, largest_param): the NVMe keys to run (notebook 16's "
                         "exercise); without it, DeepSpeed's defaults beside the device and the folder")
+    parser.add_argument("--machine_swap_dir", default=None,
+                        help="measure this machine's rates first, outside the limit (notebook 16's section 5), with "
+                        "the disk's probe file in this folder (removed after)")
     return parser
 
 
@@ -45,6 +51,12 @@ def main(argv=None) -> None:
     load_ops(args.configuration)
     folder = str(Path(args.nvme_dir) / f"rank{dist.get_rank()}") if args.nvme_dir else None
     nvme = load_exercise(args.nvme_keys_file, ["nvme_keys"])["nvme_keys"] if args.nvme_keys_file else None
+    if args.machine_swap_dir:      # before the limit, the probe's blocks given back to the kernel after: not the training's
+        return_freed_memory()
+        figures = machine_figures.measure_here(Path(args.machine_swap_dir))
+        trim_freed_memory()
+        record(figures)
+        rank0_print(f"this machine: {machine_figures.said(figures)}")
     limit = apply_limit(args.cap_mb * 2**20, args.cgroup_procs)
     record(limit)
     rank0_print(f"{args.configuration}: under a {limit.kind} limit of {args.cap_mb} MiB")

@@ -112,30 +112,47 @@ def test_the_estimate_is_deepspeed_s_for_the_configuration_on_one_rank():
     assert views.estimate("ZeRO-3 + NVMe", psi, largest) == {"device": 4 * largest, "host": None}
 
 
+SIZE = "11 M"      # the first size of the ZeRO-2 + offload_optimizer launch on a CPU, exercise 1's
+
+
 def placed(accelerator_side: int, host_side: int) -> views.Outcome:
-    size = views.EXERCISE_SIZE
+    size = SIZE
     rung = rung_with(host_side)
     rung.accelerator_side_bytes = accelerator_side
     t = Trial("ZeRO-2 + offload_optimizer", size, 10_000_000, 1_000_000, "fp32", [6.0, 4.0], 0.1, rung=rung)
-    return views.Outcome("ZeRO-2 + offload_optimizer", 352, None, [attempt(size)], [t], statuses={size: views.TRAINED})
+    later = Trial("ZeRO-2 + offload_optimizer", "25 M", 25_000_000, 1_000_000, "fp32", [6.0, 4.0], 0.1,
+                  rung=rung_with(16 * 25_000_000))
+    return views.Outcome("ZeRO-2 + offload_optimizer", 352, None, [attempt(size), attempt("25 M")], [t, later],
+                         statuses={size: views.TRAINED, "25 M": views.TRAINED})
 
 
 def test_the_placement_check_reads_both_sides_within_a_tenth_of_the_model_states_and_never_names_them():
     psi = 10_000_000                   # the trial's parameters: model states of 160 MB, a tolerance of 16 MB a side
     outcome = placed(4 * psi, 16 * psi)
     good = {"accelerator_side_mib": 4 * psi / MiB, "host_side_mib": 16 * psi / MiB}
-    assert views.placement_problem(good, outcome) is None
+    assert views.placement_problem(good, outcome, SIZE) is None
     assert views.placement_problem({"accelerator_side_mib": 5.2 * psi / MiB, "host_side_mib": 15 * psi / MiB},
-                                   outcome) is None
-    everything_on_the_host = views.placement_problem({"accelerator_side_mib": 0, "host_side_mib": 16 * psi / MiB}, outcome)
+                                   outcome, SIZE) is None
+    everything_on_the_host = views.placement_problem({"accelerator_side_mib": 0, "host_side_mib": 16 * psi / MiB}, outcome,
+                                                    SIZE)
     assert "accelerator side" in everything_on_the_host and "host side" not in everything_on_the_host
     assert "less" in everything_on_the_host and "38" not in everything_on_the_host and "152" not in everything_on_the_host
-    grads_stay = views.placement_problem({"accelerator_side_mib": 8 * psi / MiB, "host_side_mib": 12 * psi / MiB}, outcome)
+    grads_stay = views.placement_problem({"accelerator_side_mib": 8 * psi / MiB, "host_side_mib": 12 * psi / MiB}, outcome,
+                                         SIZE)
     assert "accelerator side" in grads_stay and "host side" in grads_stay
-    assert "keys" in views.placement_problem({"host_side_mib": 1.0}, outcome)
-    nothing = views.Outcome("ZeRO-2 + offload_optimizer", 352, None, [attempt(views.EXERCISE_SIZE)], [], error=SIGKILL,
-                            statuses={views.EXERCISE_SIZE: views.OUT_OF_MEMORY})
-    assert "did not train" in views.placement_problem(good, nothing)
+    assert "keys" in views.placement_problem({"host_side_mib": 1.0}, outcome, SIZE)
+    nothing = views.Outcome("ZeRO-2 + offload_optimizer", 352, None, [attempt(SIZE)], [], error=SIGKILL,
+                            statuses={SIZE: views.OUT_OF_MEMORY})
+    assert "did not train" in views.placement_problem(good, nothing, SIZE)
+    # the size asked about, not the launch's largest: a later size's placement does not answer for it
+    assert views.placement_problem({"accelerator_side_mib": 4 * 25_000_000 / MiB, "host_side_mib": 16 * 25_000_000 / MiB},
+                                   outcome, SIZE) is not None
+
+
+def test_one_size_of_a_launch_reads_as_a_launch_of_that_size_alone():
+    one = views.only(placed(4, 16), "25 M")
+    assert [a.size for a in one.attempts] == [t.size for t in one.trials] == ["25 M"] and one.statuses == {"25 M": "trained"}
+    assert one.largest.params == 25_000_000
 
 
 def test_every_configuration_has_an_estimate_and_a_stage():

@@ -261,7 +261,7 @@ def test_a_notebook_whose_launches_go_through_a_view_has_them_in_its_gpu_line(tm
     from course_utils.tooling import gpu_table
 
     assert gpu_table.notebook_rows(paths.NOTEBOOKS / "16_bigger_than_your_device.ipynb") == {
-        g: "7 launches on 1 GPU" for g in gpu_table.MACHINES}
+        g: "5 launches on 1 GPU" for g in gpu_table.MACHINES}
     probe = _notebook(tmp_path, "from course_utils.kernel.views import bigger",
                       'bigger.try_sizes("no ZeRO", ["11 M"], 352)\nprint(bigger.summary(None))',
                       'if not nb.hardware.is_gpu:\n    bigger.try_sizes("no ZeRO", ["25 M"], 352)')

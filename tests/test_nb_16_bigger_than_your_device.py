@@ -83,13 +83,16 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     cap = m["cap_mb"] * MiB
     # nothing left behind, also by the launches the limit ended: cgroups, swap files, /dev/shm buffers
     # (only its own: a notebook run beside it has launches, buffers and cgroups of its own)
-    launched = [r for r in [*rows.values(), m["exercise"]] if r is not None and not r["skipped"]]
+    launched = [r for r in rows.values() if not r["skipped"]]
     long_sequence = m["long_sequence"]
     made = [r["cgroup"] for r in [*launched, long_sequence] if not r["skipped"] and r["cgroup"]]
     assert len(made) == (len(launched) + 1 if memcap.available() else 0)
     assert not [c for c in course_cgroups() if c.name in made], "the memory cgroups of its launches are removed"
     assert m["nvme_folder_left"] is False and not (paths.build_dir() / "nvme" / "16_bigger").exists()
-    assert len(runs) == len(launched) + trial_launches() and len(probes) == 1
+    # this machine's rates: measured by the ZeRO-2 + offload_optimizer launch before it joined the limit; a launch of
+    # their own only where that one could not run
+    measured_by_zero2 = not rows["ZeRO-2 + offload_optimizer"]["skipped"]
+    assert len(runs) == len(launched) + trial_launches() and len(probes) == (0 if measured_by_zero2 else 1)
     assert len(long_runs) == (0 if long_sequence["skipped"] else 1)
     assert not shm_buffers_of(runs | probes | long_runs)
     check_long_sequence(long_sequence, m["is_gpu"])
@@ -134,13 +137,13 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     # DeepSpeed's estimate (05's reading of its estimators) for the plain row: stage 2, one rank, 2Ψ + 18Ψ
     psi = plain["largest_params"]
     assert plain["estimate"]["device"] == 2 * psi + 18 * psi
-    # exercise 1: 7 M alone under ZeRO-2 + offload_optimizer and the same limit; DeepSpeed left the module's fp32
+    # exercise 1: the first size of the ZeRO-2 + offload_optimizer launch (11 M), under the same limit; DeepSpeed left the module's fp32
     # parameters on the accelerator side and put the fp32 master weights, Adam's two moments and the gradient partition
     # on the host side; the solution's prediction (made before the launch) within a tenth of the model states of each
     ex = m["exercise"]
-    assert ex["configuration"] == "ZeRO-2 + offload_optimizer" and ex["sizes"] == {"7 M": "trained"}
+    assert ex["configuration"] == "ZeRO-2 + offload_optimizer" and ex["sizes"] == {"11 M": "trained"}
     psi, sides = ex["largest_params"], ex["bytes_by_place"]
-    assert psi == gpt2_parameters(320, 6)
+    assert psi == gpt2_parameters(384, 6)
     assert 4 * psi <= sides["accelerator_side"] < 4.5 * psi and 16 * psi <= sides["host_side"] < 16.5 * psi
     for key, side in (("accelerator_side_mib", "accelerator_side"), ("host_side_mib", "host_side")):
         assert abs(ex["prediction"][key] * MiB - sides[side]) <= 0.1 * 16 * psi, key
@@ -195,6 +198,6 @@ def check_gpu(rows: dict, m: dict) -> None:
         assert rows[name]["largest_params"] > 2 * plain["largest_params"], name
         assert rows[name]["bytes_by_place"]["host"] > rows[name]["bytes_by_place"]["device"], name
     assert rows["ZeRO-3 + NVMe"]["sizes"] == {nvme_sizes[0]: "trained"}
-    assert m["exercise"]["sizes"] == {"7 M": "trained"}
+    assert m["exercise"]["sizes"] == {plain_sizes[0]: "trained"}
     sides = m["exercise"]["bytes_by_place"]
     assert sides["host_side"] >= 16 * m["exercise"]["largest_params"] > sides["accelerator_side"]

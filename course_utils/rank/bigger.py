@@ -99,6 +99,14 @@ def return_freed_memory() -> None:
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 64 * 1024)
 
 
+def trim_freed_memory() -> None:
+    """Give the heap's free pages back to the kernel (``malloc_trim(0)``): memory a rank used before it joined its
+    memory cgroup, stays charged outside it, and that later allocations would reuse without the limit counting them."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def apply_limit(cap_bytes: int, cgroup_procs: str | None) -> Limit:
     """Put this rank under its limit (:func:`limit_kind` decides which); returns what applied."""
     from deepspeed.accelerator import get_accelerator

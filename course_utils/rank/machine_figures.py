@@ -60,3 +60,38 @@ def disk_bytes_s(folder: Path, nbytes: int) -> tuple[float, float]:
         Path(path).unlink(missing_ok=True)
         handle.free_cpu_locked_tensor(buffer)
     return nbytes / write, nbytes / read
+
+
+def measure_here(swap_dir: Path, copy_mb: int = 256, adam_params: int = 16_000_000, disk_mb: int = 256,
+                 matmul_n: int = 1024):
+    """All four on this rank, one after the other, and what other programs took meanwhile: a ``MachineFigures``.
+    The disk's probe file goes under ``swap_dir``, which is removed after. The sizes are those of a smoke run too:
+    smaller copies and Adam steps would fit in the processor's caches and measure those instead of memory (2 M
+    parameters of Adam ran 14 × faster per parameter than 16 M here)."""
+    import shutil
+
+    import torch
+
+    from course_utils.common.records.scale import MachineFigures
+    from course_utils.rank.perf import busy_seconds, matmul_flops_per_s
+
+    MB = 2**20
+    began, own = (time.perf_counter(), time.process_time()), busy_seconds()
+    matmul = matmul_flops_per_s("cpu", n=matmul_n)
+    copy = copy_bytes_s(copy_mb * MB)
+    adam = cpu_adam_s_per_param(adam_params)
+    try:
+        write, read = disk_bytes_s(Path(swap_dir), disk_mb * MB)
+    finally:
+        shutil.rmtree(swap_dir, ignore_errors=True)
+    wall = time.perf_counter() - began[0]
+    others = max(0.0, busy_seconds() - own - (time.process_time() - began[1])) / wall
+    return MachineFigures(torch.get_num_threads(), matmul, matmul_n, copy, copy_mb * MB, adam, adam_params, write,
+                          read, disk_mb * MB, others)
+
+
+def said(figures) -> str:
+    """The figures in one line, as a rank prints them."""
+    return (f"matmul {figures.matmul_flops_s / 1e9:.1f} GFLOP/s, copy {figures.copy_bytes_s / 1e9:.1f} GB/s, "
+            f"DeepSpeedCPUAdam {figures.cpu_adam_s_per_param * 1e9:.2f} ns a parameter on {figures.threads} threads, "
+            f"disk write {figures.disk_write_bytes_s / 1e9:.2f} GB/s, read {figures.disk_read_bytes_s / 1e9:.2f} GB/s")

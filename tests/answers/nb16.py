@@ -3,18 +3,18 @@ from answers import wrong
 
 ANSWERS = {
     "predict_placement": wrong(
-        copier=("copies the 7 M row of section 2's sizes table, its 16 bytes a parameter, as all on the host side and "
-                "nothing on the accelerator side", """
+        copier=("copies the first size's row of section 2's sizes table (11 M), its 16 bytes a parameter, as all on "
+                "the host side and nothing on the accelerator side", """
             def predict_placement() -> dict:
-                return {"accelerator_side_mib": 0, "host_side_mib": 115.55}
+                return {"accelerator_side_mib": 0, "host_side_mib": 165.66}
             """),
         misread=("thinks the gradients stay with the module on the device and only the master weights and Adam's "
                  "moments go to the host", """
             def predict_placement() -> dict:
-                psi = bigger.parameters("7 M")
+                psi = bigger.parameters(OFFLOAD_SIZES[0])
                 return {"accelerator_side_mib": 8 * psi / MiB, "host_side_mib": 12 * psi / MiB}
             """),
-        secret=("28.9", "30.4", "117.1")),
+        secret=("41.4", "43.7", "167.9")),
     "nvme_keys": wrong(
         copier=("copies the CPU offload configuration's two sections printed in section 2, the device switched to nvme "
                 "and the folder added", """

@@ -1,5 +1,6 @@
-"""This machine as a row of the hardware table, from figures one launched rank measured (``scripts/16_this_machine.py``):
-the step-time model of :mod:`.project` projects this machine's own toy runs from them first. A model that cannot
+"""This machine as a row of the hardware table, from figures one launched rank measured
+(``course_utils.rank.machine_figures``: notebook 16's ZeRO-2 + offload_optimizer launch before it joins its limit, or
+``scripts/16_this_machine.py``): the step-time model of :mod:`.project` projects this machine's own toy runs from them first. A model that cannot
 predict the machine it runs on is not to be trusted for a GPU.
 
 On a CPU-only machine the "device" is the host: compute runs at the measured matmul rate, an offload "transfer" is a
@@ -21,6 +22,13 @@ def measure(swap_dir, timeout: int = 300) -> MachineFigures:
 
     result = launch.deepspeed("16_this_machine.py", "--swap_dir", swap_dir, procs=1, timeout=timeout, quiet=True)
     return read_as(result.records, MachineFigures)[0]
+
+
+def measured_by(outcome, swap_dir, timeout: int = 300) -> MachineFigures:
+    """The figures a launch of notebook 16 measured before it joined its limit (``bigger.try_sizes(...,
+    measure_machine=True)``); where that launch was skipped (a CPU without a memory cgroup), one rank's launch of its
+    own measures them (:func:`measure`). A GPU machine always runs that launch: it caps the CUDA allocator instead."""
+    return outcome.figures if outcome.figures is not None else measure(swap_dir, timeout)
 
 
 def as_gpu(figures: MachineFigures, name: str = "this machine") -> specs.Gpu:

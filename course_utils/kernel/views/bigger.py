@@ -9,6 +9,7 @@ the rank.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import re
@@ -19,6 +20,7 @@ from course_utils.common import paths
 from course_utils.common.record import read_as
 from course_utils.common.records.bigger import CONFIGURATIONS, SIZES, Attempt, Limit, Trial
 from course_utils.common.records.offload import Rung
+from course_utils.common.records.scale import MachineFigures
 from course_utils.kernel.launch.options import launches
 
 MiB = 2**20
@@ -39,6 +41,7 @@ class Outcome:
     seconds: float = 0.0
     statuses: dict = field(default_factory=dict)    # size → trained | out of memory | failed
     cgroup: str | None = None             # the memory cgroup the launch made (removed after it), on a CPU
+    figures: MachineFigures | None = None    # this machine's rates, when the launch measured them first
 
     @property
     def largest(self) -> Trial | None:
@@ -49,6 +52,11 @@ class Outcome:
 def nvme_folder() -> "paths.Path":
     """Where the NVMe configuration's swap files go (a folder under build/, removed after every launch)."""
     return paths.build_dir() / "nvme" / "16_bigger"
+
+
+def probe_folder() -> "paths.Path":
+    """Where a launch that measures this machine writes the disk's probe file (removed after)."""
+    return paths.build_dir() / "nvme" / "16_machine"
 
 
 def killed_for_memory(message: str) -> bool:
@@ -71,10 +79,11 @@ def statuses(attempts: list[Attempt], trials: list[Trial], error: str | None) ->
 
 @launches(procs=PROCS)
 def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4, timeout: int = 600,
-              quiet: bool = True, nvme_keys_file: str | None = None) -> Outcome:
+              quiet: bool = True, nvme_keys_file: str | None = None, measure_machine: bool = False) -> Outcome:
     """Launch ``configuration`` on one rank under a limit of ``cap_mb`` MiB, training ``sizes`` in this order until
-    one does not fit (the NVMe keys from ``nvme_keys_file``, a learner's ``nvme_keys``, when given). A limit the
-    machine cannot give (no memory cgroup, not root) skips the launch with the reason."""
+    one does not fit (the NVMe keys from ``nvme_keys_file``, a learner's ``nvme_keys``, when given). With
+    ``measure_machine`` the rank first measures this machine's rates, outside the limit (``Outcome.figures``). A limit
+    the machine cannot give (no memory cgroup, not root) skips the launch with the reason."""
     from course_utils.kernel import hardware, launch
     from course_utils.kernel.launch.memcap import MemoryCapUnavailable, memory_cap
 
@@ -86,6 +95,8 @@ def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4,
     folder = nvme_folder()
     args = ["--configuration", configuration, "--sizes", *sizes, "--cap_mb", cap_mb, "--steps", steps,
             "--nvme_dir", folder] + (["--nvme_keys_file", nvme_keys_file] if nvme_keys_file else [])
+    if measure_machine:
+        args += ["--machine_swap_dir", probe_folder()]
     shutil.rmtree(folder, ignore_errors=True)
     records, error, seconds, cgroup = [], None, 0.0, None
     try:
@@ -98,10 +109,20 @@ def try_sizes(configuration: str, sizes: list[str], cap_mb: int, steps: int = 4,
         records, error, seconds = _launch(args, timeout, quiet)
     finally:
         shutil.rmtree(folder, ignore_errors=True)     # swap files left by a rank the limit ended
+        if measure_machine:
+            shutil.rmtree(probe_folder(), ignore_errors=True)
     attempts, trials = read_as(records, Attempt), read_as(records, Trial)
-    limits = read_as(records, Limit)
+    limits, figures = read_as(records, Limit), read_as(records, MachineFigures)
     return Outcome(configuration, cap_mb, limits[0] if limits else None, attempts, trials, error=error,
-                   seconds=seconds, statuses=statuses(attempts, trials, error), cgroup=cgroup)
+                   seconds=seconds, statuses=statuses(attempts, trials, error), cgroup=cgroup,
+                   figures=figures[0] if figures else None)
+
+
+def only(outcome: Outcome, size: str) -> Outcome:
+    """``outcome`` as if its launch had tried ``size`` alone (its attempt, its trial, its status)."""
+    return dataclasses.replace(outcome, attempts=[a for a in outcome.attempts if a.size == size],
+                               trials=[t for t in outcome.trials if t.size == size],
+                               statuses={s: v for s, v in outcome.statuses.items() if s == size})
 
 
 def _launch(args: list, timeout: int, quiet: bool,
@@ -264,12 +285,11 @@ def parameters(size: str) -> int:
         return sizes_of(GPT2LMHeadModel(gpt2_config(size)))[0]
 
 
-EXERCISE_SIZE = "7 M"         # exercise 2's size: trained first by the ZeRO-2 + offload_optimizer launch
 PLACEMENT_TOLERANCE = 0.10    # of the size's model states (16 bytes a parameter), on each side
 PLACES = {"accelerator_side_mib": "accelerator side", "host_side_mib": "host side"}
 
 
-def placement_problem(mine, outcome: Outcome | None, size: str = EXERCISE_SIZE) -> str | None:
+def placement_problem(mine, outcome: Outcome | None, size: str) -> str | None:
     """What is wrong with a prediction of where ``size``'s model states are after a backward (MiB on each of notebook
     04's two sides) against what ``outcome``'s launch measured, in words that do not give the measured MiB; None when
     both sides are within :data:`PLACEMENT_TOLERANCE` of the size's 16 bytes a parameter."""
