@@ -7,7 +7,8 @@ Modes (one launch each):
           save_16bit_model (<out>/<dtype>/stage3_16bit_on), and an fp32 one with
           stage3_gather_16bit_weights_on_model_save off; --trainer_save also has the HF Trainer save a
           ZeRO-3 model with that option on and off (<out>/trainer/gather_on, gather_off); --large_zero3 also
-          saves a ZeRO-3 checkpoint of a bigger GPT-2 (<out>/large/stage3), for the conversion under a memory limit.
+          saves a ZeRO-3 checkpoint of a bigger GPT-2 (<out>/large/stage3), for the conversion under a memory limit;
+          --run_a FOLDER then trains one more engine as `train` does (--run_a_steps, saving at --save_at).
   train   train to --steps, saving a checkpoint at each --save_at step; --load resumes from a
           checkpoint first (--universal: from a universal checkpoint, on any number of ranks; --plain_tag: first try
           a plain load_checkpoint of that ZeRO checkpoint on this number of ranks, and record DeepSpeed's refusal), with
@@ -95,7 +96,8 @@ def zero3_state(engine) -> dict:
 
 def layout(args, base: dict, out: Path, device: str) -> None:
     """One engine per precision and ZeRO stage: train, save its checkpoint (fp32: and its live weights);
-    ZeRO-3's state_dict and 16-bit export; the HF Trainer's save_model under ZeRO-3 if asked."""
+    ZeRO-3's state_dict and 16-bit export; the HF Trainer's save_model under ZeRO-3 if asked; then, with --run_a,
+    the uninterrupted run that notebook 09's launch B resumes."""
     for dtype in args.dtypes:
         for stage in (0, 1, 2, 3):
             zero = {"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {}
@@ -125,6 +127,9 @@ def layout(args, base: dict, out: Path, device: str) -> None:
         trainer_saves(out / "trainer")
     if args.large_zero3:
         large_zero3(base, out / "large" / "stage3", device)
+    if args.run_a:      # section 2's uninterrupted run: one engine more, at the config's stage, saving at --save_at
+        train(argparse.Namespace(**{**vars(args), "steps": args.run_a_steps, "load": None, "plain_tag": None,
+                                    "resume_file": None}), base, Path(args.run_a), device)
 
 
 def large_zero3(base: dict, out: Path, device: str) -> None:
@@ -247,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="layout: also save a ZeRO-3 model through the HF Trainer, gather option on and off")
     parser.add_argument("--large_zero3", action="store_true",
                         help="layout: also save a ZeRO-3 checkpoint of a bigger GPT-2 (<out>/large/stage3)")
+    parser.add_argument("--run_a", default=None,
+                        help="layout: then train an uninterrupted run into this folder, as --mode train does, for "
+                        "--run_a_steps steps, saving at --save_at")
+    parser.add_argument("--run_a_steps", type=int, default=8, help="layout: the steps of --run_a")
     return parser
 
 
