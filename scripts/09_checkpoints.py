@@ -128,6 +128,8 @@ def layout(args, base: dict, out: Path, device: str) -> None:
     if args.large_zero3:
         large_zero3(base, out / "large" / "stage3", device)
     if args.run_a:      # section 2's uninterrupted run: one engine more, at the config's stage, saving at --save_at
+        rank0_print(f"run A: {args.run_a_steps} steps at the config's stage {base['zero_optimization']['stage']}, "
+                    f"checkpoints after steps {args.save_at} in {args.run_a}")
         train(argparse.Namespace(**{**vars(args), "steps": args.run_a_steps, "load": None, "plain_tag": None,
                                     "resume_file": None}), base, Path(args.run_a), device)
 
