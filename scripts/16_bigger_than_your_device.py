@@ -6,8 +6,8 @@ limit (``course_utils.rank.bigger.apply_limit``: on a GPU the CUDA allocator is 
 memory cgroup the notebook made), and only then builds models: the limit counts what training allocates. For each
 size it records an attempt, trains a few real optimizer steps, records where the model states were, and frees
 everything. A size too big for the limit ends the rank: SIGKILL from the kernel's out-of-memory killer on a CPU,
-``torch.OutOfMemoryError`` on a GPU; the notebook reads what was recorded before. With ``--machine_swap_dir`` the rank first measures this machine's rates
-(``course_utils.rank.machine_figures``), before it joins the limit.
+``torch.OutOfMemoryError`` on a GPU; the notebook reads what was recorded before. With ``--machine_swap_dir`` the
+rank first measures this machine's rates (``course_utils.rank.machine_figures``), before it joins the limit.
 
 Run from a terminal (as root, after making a cgroup):
   deepspeed --num_gpus 1 scripts/16_bigger_than_your_device.py --configuration "no ZeRO" --cap_mb 256 --cgroup_procs ...
@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     load_ops(args.configuration)
     folder = str(Path(args.nvme_dir) / f"rank{dist.get_rank()}") if args.nvme_dir else None
     nvme = load_exercise(args.nvme_keys_file, ["nvme_keys"])["nvme_keys"] if args.nvme_keys_file else None
-    if args.machine_swap_dir:      # before the limit, the probe's blocks given back to the kernel after: not the training's
+    if args.machine_swap_dir:      # outside the limit, its freed blocks given back after: not the training's
         return_freed_memory()
         figures = machine_figures.measure_here(Path(args.machine_swap_dir))
         trim_freed_memory()

@@ -137,7 +137,7 @@ def test_the_limit_stops_the_plain_run_and_nvme_trains_twice_the_limit():
     # DeepSpeed's estimate (05's reading of its estimators) for the plain row: stage 2, one rank, 2Ψ + 18Ψ
     psi = plain["largest_params"]
     assert plain["estimate"]["device"] == 2 * psi + 18 * psi
-    # exercise 1: the first size of the ZeRO-2 + offload_optimizer launch (11 M), under the same limit; DeepSpeed left the module's fp32
+    # exercise 1: the first size of the ZeRO-2 + offload_optimizer launch (11 M); DeepSpeed left the module's fp32
     # parameters on the accelerator side and put the fp32 master weights, Adam's two moments and the gradient partition
     # on the host side; the solution's prediction (made before the launch) within a tenth of the model states of each
     ex = m["exercise"]

@@ -1,7 +1,7 @@
 """This machine as a row of the hardware table, from figures one launched rank measured
 (``course_utils.rank.machine_figures``: notebook 16's ZeRO-2 + offload_optimizer launch before it joins its limit, or
-``scripts/16_this_machine.py``): the step-time model of :mod:`.project` projects this machine's own toy runs from them first. A model that cannot
-predict the machine it runs on is not to be trusted for a GPU.
+``scripts/16_this_machine.py``): the step-time model of :mod:`.project` projects this machine's own toy runs from them
+first. A model that cannot predict the machine it runs on is not to be trusted for a GPU.
 
 On a CPU-only machine the "device" is the host: compute runs at the measured matmul rate, an offload "transfer" is a
 memory copy at the measured copy rate, and the optimizer step runs DeepSpeedCPUAdam's measured seconds per parameter."""
