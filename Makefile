@@ -54,14 +54,16 @@ STEP = $(PY) -m course_utils.kernel.progress step
 PIP_SOURCE = $(if $(WHEELHOUSE),--no-index --find-links "$(abspath $(WHEELHOUSE))")
 
 # The system packages (apt) install beside pip: .ci/install-system, NOTE lines where it cannot (not root, no apt).
-$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_utils/kernel/opbuild.py .ci/install-system .ci/install-libaio .ci/install-multinode .ci/install-slurm
+$(STAMP): requirements.txt pyproject.toml course_utils/kernel/ops.py course_utils/kernel/opbuild.py course_utils/kernel/kernel_main.py .ci/install-system .ci/install-libaio .ci/install-multinode .ci/install-slurm
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(STEP) packages --beside "bash .ci/install-system" -- sh -c '$(if $(WHEELHOUSE),$(PY) -m course_utils.tooling.wheelhouse check "$(WHEELHOUSE)" && )\
 	  $(PY) -m pip install -q $(PIP_SOURCE) --upgrade pip && $(PY) -m pip install -q $(PIP_SOURCE) -r requirements.txt \
 	  && $(PY) -m pip install -q $(PIP_SOURCE) --no-deps -e .'
 	@# ipykernel stages the kernelspec in a folder of its own under TMPDIR and leaves that folder behind: one to remove
+	@# the kernel then starts course_utils.kernel.kernel_main, ipykernel's own kernel without the interpreter's teardown
 	@$(STEP) kernel -- sh -c 'tmp=$$(mktemp -d) && TMPDIR=$$tmp $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) \
-	  --display-name "DeepSpeed course (.venv)"; status=$$?; rm -rf "$$tmp"; exit $$status'
+	  --display-name "DeepSpeed course (.venv)"; status=$$?; rm -rf "$$tmp"; \
+	  test $$status -eq 0 && $(PY) -m course_utils.kernel.kernel_main --install $(KERNEL)'
 	@$(STEP) ops --show -- $(PY) -m course_utils.kernel.opbuild --build --first
 	@touch $(STAMP)
 

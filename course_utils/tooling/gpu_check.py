@@ -503,8 +503,10 @@ def kernel_python() -> str | None:
 
 def kernel_step(record: Record, budget: Budget) -> Step:
     """The kernelspec papermill runs the notebooks with, starting this python (the Makefile's ``kernel`` step)."""
+    from course_utils.kernel import kernel_main
+
     here = os.path.abspath(sys.executable)
-    if kernel_python() == here:
+    if kernel_python() == here and kernel_main.starts_course_kernel(KERNEL):
         return record.step(Step("kernel", PRESENT, note=f"{KERNEL} starts {here}"))
     scratch = tempfile.mkdtemp()      # ipykernel stages the spec in a folder under TMPDIR and leaves it behind
     try:
@@ -517,6 +519,8 @@ def kernel_step(record: Record, budget: Budget) -> Step:
         step.status, step.note = FAILED, (f"another {KERNEL} kernelspec comes first and starts {kernel_python()}: "
                                           "remove it (`jupyter kernelspec list` shows where)")
         record.save()
+    elif step.status == PASSED:
+        kernel_main.install(KERNEL)       # as the Makefile's kernel step: the course's kernel module
     return step
 
 
