@@ -35,18 +35,23 @@ def test_install_rewrites_only_ipykernels_command(tmp_path, monkeypatch):
 
 def test_a_notebook_s_exit_handlers_and_finalizers_still_run(tmp_path):
     """What a notebook registers to run at exit (the course's clean-up does) runs before the kernel ends: an exit
-    handler registered in a cell, a weakref.finalize of a temporary folder, and a buffered file the cell closed."""
-    ran, folder = tmp_path / "handler_ran", tmp_path / "made"
+    handler registered in a cell, a weakref.finalize of a temporary folder; and a file left open for writing outside
+    the notebook's namespace (which IPython clears at exit) keeps what was written to it, as the interpreter's
+    teardown would have flushed it."""
+    ran, folder, left_open = tmp_path / "handler_ran", tmp_path / "made", tmp_path / "left_open.txt"
     cell = (f"import atexit, pathlib, tempfile, weakref\n"
             f"atexit.register(lambda: pathlib.Path({str(ran)!r}).write_text('yes'))\n"
             f"keep = tempfile.TemporaryDirectory(dir={str(tmp_path)!r})\n"
-            f"pathlib.Path({str(folder)!r}).write_text(keep.name)\n")
+            f"pathlib.Path({str(folder)!r}).write_text(keep.name)\n"
+            f"tempfile._course_log = open({str(left_open)!r}, 'w')     # held by a module, as a library's log is\n"
+            f"tempfile._course_log.write('written, never closed')\n")
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
     notebook.metadata["kernelspec"] = {"name": "deepspeed-course", "display_name": "course", "language": "python"}
     nbformat.write(notebook, str(tmp_path / "probe.ipynb"))
     outcome = course.execute(tmp_path / "probe.ipynb", tmp_path / "out.ipynb")
     assert outcome.ok, outcome.error
     assert ran.read_text() == "yes"
+    assert left_open.read_text() == "written, never closed"
     made = folder.read_text()
     assert made and not (tmp_path / made).exists(), "the temporary folder's finalizer removed it"
 

@@ -2,12 +2,12 @@
 kernel has shut down and every exit handler has run, ends without the interpreter's teardown.
 
 The teardown is what a notebook's kernel spends most of its shutdown on: with torch, DeepSpeed, transformers,
-pandas and matplotlib loaded, clearing the modules and collecting what they hold took 1.5–2.5 s after the last cell
-here, against 0.3 s without it, at the end of every notebook of ``make course`` and ``make test``. Nothing is lost
-by skipping it: the course's clean-up (launches, cgroups, a Slurm cluster, temporary folders) runs in exit handlers and
-``weakref.finalize`` callbacks, which Python runs before this one — it is registered first, so it runs last — and
-the standard streams are flushed before the process ends. The ranks' hook ends a rank the same way
-(``course_utils/rank/hook/sitecustomize.py``).
+pandas and matplotlib loaded, clearing the modules and collecting what they hold took 1.8–2.6 s after the last cell
+of the notebooks here, against 0.4–0.5 s without it, at the end of every notebook of ``make course`` and ``make test``.
+Nothing is lost by skipping it: the course's clean-up (launches, cgroups, a Slurm cluster, temporary folders) runs in
+exit handlers and ``weakref.finalize`` callbacks, which Python runs before this one — it is registered first, so it
+runs last — and every file still open for writing is flushed first, as the teardown would
+(:func:`course_utils.common.ending.flush_open_files`, which the ranks' hook uses to end a rank the same way).
 
 The kernelspec (``make setup``'s kernel step) starts this module instead of ``ipykernel_launcher``:
 ``python -m course_utils.kernel.kernel_main --install NAME`` rewrites an installed kernelspec's command so.
@@ -26,11 +26,9 @@ _status = {"code": 0}        # the exit status the interpreter would have given
 
 
 def _end_without_teardown() -> None:
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
+    from course_utils.common.ending import flush_open_files
+
+    flush_open_files()
     os._exit(_status["code"])
 
 

@@ -77,16 +77,8 @@ def _end_rank_without_teardown():
         return
     status = _state["exit_status"]
     code = 0 if status is None else status if isinstance(status, int) else 1
-    import gc
-    import io
-    gc.unfreeze()         # gc.get_objects() leaves out what _collect_garbage_once_torch_is_imported froze
-    for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
+    from course_utils.common.ending import flush_open_files
+    flush_open_files()
     run_folder.end_rank(code)
 
 
