@@ -228,5 +228,6 @@ def test_11_every_accumulation_split_trains_on_the_same_samples_with_plain_sgd()
     cfg = s.accumulation_config(base, 2, 4)
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 4)
     assert cfg["optimizer"]["type"] == "SGD" and cfg["zero_allow_untested_optimizer"] is True
+    assert cfg["gradient_clipping"] == 0.0, "an update must scale with the loss: DeepSpeed clips at 1.0 by default"
     assert not {"flops_profiler", "csv_monitor", "wall_clock_breakdown"} & set(cfg)
     assert "flops_profiler" in base, "the base config keeps its profiling sections"

@@ -115,7 +115,8 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = Tru
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS))
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                                                show_progress=False))
     if fixed_order:
         alphabet = {piece for piece in tok.get_vocab() if len(piece.removeprefix("##")) == 1}
         used = {piece for encoding in tok.encode_batch(texts) for piece in encoding.tokens}

@@ -37,7 +37,7 @@ PRESETS = {
                            purpose="~13.8 M parameters: model states dwarf everything else, small enough for 2 CPU cores"),
     "checkpoints": GPT2Preset(64, 16, 64, 2, 2, seq_len=16, dropout=0.0, special_token_id=0,
                               purpose="~0.1 M parameters without dropout: a resumed run repeats the uninterrupted one"),
-    "trainer": GPT2Preset(64, 16, 32, 2, 2, seq_len=16,
+    "trainer": GPT2Preset(64, 16, 32, 2, 2, seq_len=16, special_token_id=63,
                           purpose="~28 k parameters with GPT-2's default dropout, for short Trainer runs"),
 }
 

@@ -152,7 +152,7 @@ def describe_row(found: list[tuple]) -> str:
     """``"1 launch on 1 GPU, 2 on 2 CPU ranks"``: how many launches run where (and, for launches sized for the GPU,
     on which GPT-2: ``"1 launch on 1 GPU (gpt2-medium)"``)."""
     if not found:
-        return "no DeepSpeed launch (its Slurm cluster's ranks compute on the CPU)"
+        return "no DeepSpeed launch uses a GPU (its Slurm cluster's ranks compute on the CPU)"
     parts = []
     for (where, ranks, *sized), n in sorted(Counter(found).items(), key=lambda item: (item[0][0] != "GPU", item[0][1:])):
         size = sized[0] if sized else ""

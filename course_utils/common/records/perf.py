@@ -114,11 +114,13 @@ class DebugEnv(Record, name="debug_env"):
 
 
 def accumulation_config(base: dict, micro: int, gas: int) -> dict:
-    """The base config with this micro-batch × accumulation, plain SGD, and no profiling or monitoring."""
+    """The base config with this micro-batch × accumulation, plain SGD without gradient clipping (DeepSpeed clips at a
+    norm of 1.0 unless told otherwise: an update is then the gradient times the learning rate), and no profiling or
+    monitoring."""
     cfg = {k: v for k, v in copy.deepcopy(base).items()
            if k not in ("flops_profiler", "csv_monitor", "wall_clock_breakdown", "activation_checkpointing")}
     cfg.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas,
-               optimizer={"type": "SGD", "params": {"lr": SGD_LR}},
+               optimizer={"type": "SGD", "params": {"lr": SGD_LR}}, gradient_clipping=0.0,
                zero_allow_untested_optimizer=True)     # ZeRO accepts a torch optimizer it was not tested with
     cfg.pop("train_batch_size", None)
     return cfg

@@ -104,7 +104,7 @@ def offload_agreement(by_name: dict[str, Rung], params: int, world: int, numels:
                                   "gathered for forward and for backward (2×)", moved["to device"],
                                   grad_buffer + 2 * _held(three, "params", PARAM_SHARD)),
                  counts.agreement("stage 3 + offload, on the host: fp32 master partition + Adam's 2 moments "
-                                  "(what NVMe offload reads and writes back every step)",
+                                  "(what NVMe offload reads and writes back every step; it also reads the swapped gradients)",
                                   counts.nvme_moved(params, world, False, b, swapped_grads=0)["read"],
                                   _held(three, "optimizer", MASTER + MOMENTS))]
     nvme = by_name.get("stage 3 + NVMe")

@@ -283,7 +283,7 @@ DECISION = [
      "what does not split by token (ZeRO-3's gathered layer, key/value heads repeated when fewer than p)",
      "4 all-to-alls of (L/p)·heads·d_head per layer and pass, (p−1)/p of them leave the rank",
      "one sequence's activations do not fit one device; p divides the query heads, and the key/value heads divide p "
-     "or p them"),
+     "or p divides them"),
 ]
 
 # What later notebooks teach: where each measures its row, named here without a figure from a run the learner has not
