@@ -145,6 +145,22 @@ def test_offload_projections_and_their_table():
     assert any(s.startswith("NVMe PCIe 4.0") for s in offload.sources(ps))
 
 
+def test_nvme_projection_keeps_the_gradient_partition_in_host_memory():
+    """Under ZeRO-3 + NVMe the host keeps the gradient partition (stage 3 allocates it whole there,
+    ``grad_partitions_flat_buffer``; notebook 16 measures it on the host side) and the 16-bit parameters up to
+    ``max_in_cpu``; the drive holds the rest of the host side and the fp32 gradient copy backward swaps out."""
+    llama = models.size("Llama-3-8B shape")
+    psi = llama.params
+    cpu = project.step(llama, "RTX 4090 24 GB", offload_optimizer=True, offload_param=True, cpu_adam_s_per_param_core=1e-9)
+    nvme = project.step(llama, "RTX 4090 24 GB", offload_optimizer=True, offload_param=True, nvme=True,
+                        cpu_adam_s_per_param_core=1e-9, max_in_cpu=1e9)
+    assert cpu.memory["host"] == pytest.approx(16 * psi)                # bf16 parameters and gradients, fp32 Adam
+    assert nvme.memory["host"] == pytest.approx(2 * 1e9 + 2 * psi)      # kept parameters + the bf16 gradient partition
+    assert nvme.memory["nvme"] == pytest.approx(2 * (psi - 1e9) + 12 * psi + 4 * psi)
+    assert "offload" in nvme.assumptions["overlap"]
+    assert "offload" not in project.step(llama, "H100 80 GB", gpus=8).assumptions["overlap"]
+
+
 def test_missing_names_what_a_record_lacks():
     record = project.Projection("x", "1 × H100 80 GB", [project.Term("compute", 0.0, "FLOP", 1.0, "")],
                                 {"MFU": 0.4}).record()
