@@ -77,6 +77,13 @@ def test_missing_programs_are_named_with_their_packages(monkeypatch):
     assert reason.startswith("munged, sbatch not found") and "apt-get install slurm-wlm munge" in reason
 
 
+def test_an_exit_status_above_128_names_the_signal_that_ended_a_task():
+    assert slurm_launch.exit_status(128 + signal.SIGTERM) == "143 = 128 + 15 (SIGTERM)"
+    assert slurm_launch.exit_status(137) == "137 = 128 + 9 (SIGKILL)"
+    assert [slurm_launch.exit_status(c) for c in (0, 1, 124, 128)] == ["0", "1", "124", "128"]
+    assert slurm_launch.exit_status(255) == "255 = 128 + 127"        # no signal of that number: the sum alone
+
+
 def test_the_batch_template_builds_its_hostfile_from_the_jobs_nodes():
     text = slurm_launch.batch_script("/v/bin/deepspeed", "scripts/14_slurm_ranks.py", "--sleep", 1)
     assert text.startswith("#!/bin/bash\n#SBATCH") and "#SBATCH --nodes=2" in text

@@ -176,9 +176,21 @@ def launch(cluster: SlurmCluster, way: str, *script_args: Any, script: str = SCR
     run_folder.launch_log(run_dir).write_text(output)
     if not quiet:
         print(learner_lines(output), flush=True)
-        print(f"→ {way}: exit code {result.returncode}{' (timed out)' if timed_out else ''}, {len(result.ranks)} "
+        print(f"→ {way}: exit code {exit_status(result.returncode)}{' (timed out)' if timed_out else ''}, {len(result.ranks)} "
               f"rank record(s), {result.seconds:.1f} s; full output in {paths.relative(run_folder.launch_log(run_dir))}")
     return result
+
+
+def exit_status(code: int) -> str:
+    """A launch command's exit status as a shell reports it: above 128 it is 128 + the number of the signal that ended a
+    task (``srun`` with ``--kill-on-bad-exit`` ends the tasks still running so once one has failed), e.g.
+    ``"143 = 128 + 15 (SIGTERM)"``; else the number alone."""
+    import signal
+
+    by = code - 128
+    if by <= 0:
+        return str(code)
+    return f"{code} = 128 + {by}" + (f" ({signal.Signals(by).name})" if by in signal.valid_signals() else "")
 
 
 ENDING_GRACE = 20.0     # seconds a launch may take to end after every rank finished (srun, mpirun: about 1-3 s here)
