@@ -221,6 +221,25 @@ def test_catchup_runs_the_learners_copy_and_keeps_their_answers(build, tmp_path)
     assert skipped["squares"][1] == "in “2 · Use it”, the cell `ten_times = used * 10`"
 
 
+def test_catchup_takes_a_copy_by_a_relative_path_and_names_the_notebook_to_restore(build, tmp_path, monkeypatch, capsys):
+    """`make catchup NB=99 COPY=try_1.ipynb`: the kernel runs in the copy's folder, so a path relative to where make
+    runs must still find the copy there (the variables were saved, and the copy got its outputs); the line to run in
+    JupyterLab names the course's notebook, not the copy's file."""
+    source = drill(tmp_path / "course")
+    (tmp_path / "work" / "mine").mkdir(parents=True)
+    student.student_copy(source, tmp_path / "work" / "mine").rename(tmp_path / "work" / "mine" / "try_1.ipynb")
+    monkeypatch.chdir(tmp_path / "work")
+
+    done = catchup.catch_up("99", upto="3", copy=Path("mine/try_1.ipynb"), parameters=SMOKE, folder=source.parent)
+
+    assert done["state"] is not None and "saved" in done["save_output"], done["save_output"]
+    assert done["copy"] == (tmp_path / "work" / "mine" / "try_1.ipynb").resolve() and done["notebook"] == DRILL
+    assert any(c.get("outputs") for c in read(done["copy"]).cells if c.cell_type == "code")
+    monkeypatch.setattr(catchup, "catch_up", lambda *a, **k: done)
+    catchup.main(["99", "--copy", "mine/try_1.ipynb"])
+    assert 'restore("99")' in capsys.readouterr().out
+
+
 def test_catchup_finds_sections_by_number_or_words():
     nb = read(paths.NOTEBOOKS / "00_setup_and_first_launch.ipynb")
     assert nb.cells[catchup.cut_off(nb, "3")].source.startswith("## 3 · The first launch")

@@ -68,7 +68,8 @@ def learner_copy(name: str, copy: Path | None, folder: Path = paths.NOTEBOOKS) -
     notebook = select([name], folder)
     if len(notebook) != 1:
         raise SystemExit(f"NB={name} must name one notebook: {[nb.stem for nb in notebook] or 'none matches'}")
-    path = Path(copy) if copy else paths.build_dir() / "student" / notebook[0].name
+    # absolute: the kernel runs in the copy's folder, and the last cell reads the copy again from there
+    path = Path(copy).resolve() if copy else paths.build_dir() / "student" / notebook[0].name
     if path.resolve().parent == paths.NOTEBOOKS.resolve():
         raise SystemExit(f"{path} is the course's own notebook, stored without outputs: catch up on a copy "
                          "(make student, or COPY=<your notebook>)")
@@ -84,7 +85,8 @@ def catch_up(name: str, upto: str | None = None, copy: Path | None = None, param
              timeout: int = CELL_TIMEOUT, folder: Path = paths.NOTEBOOKS) -> dict:
     """Run the participant's copy of notebook ``name`` down to the heading ``upto`` and write the outputs of those
     cells into the copy (their sources untouched); save the kernel's variables. Returns what happened:
-    ``{"copy", "ran", "errors": [(where the cell is, error name)], "heading", "state", "seconds", "save_output"}``."""
+    ``{"copy", "notebook" (the course's notebook it is a copy of), "ran", "errors": [(where the cell is, error
+    name)], "heading", "state", "seconds", "save_output"}``."""
     from nbclient import NotebookClient
 
     course, path = learner_copy(name, copy, folder)
@@ -116,7 +118,7 @@ def catch_up(name: str, upto: str | None = None, copy: Path | None = None, param
     nbformat.write(nb, str(tmp))
     tmp.replace(path)
     saved = [o for o in run.cells[-1].outputs if o.output_type in ("stream", "error")]
-    return {"copy": path, "ran": sum(c.cell_type == "code" for c in nb.cells[:end]), "errors": errors,
+    return {"copy": path, "notebook": course.stem, "ran": sum(c.cell_type == "code" for c in nb.cells[:end]), "errors": errors,
             "heading": next((text for i, text in headings(nb) if i == end), None),
             "state": state if state.exists() else None, "seconds": time.monotonic() - started,
             "save_output": "".join(o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}" for o in saved)}
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(done["save_output"].strip())
     if done["state"]:
         print(f"Reload the notebook from disk in JupyterLab (File ▸ Reload Notebook from Disk), then run in it:\n"
-              f"    from course_utils.tooling.catchup import restore; restore(\"{done['copy'].stem[:2]}\")")
+              f"    from course_utils.tooling.catchup import restore; restore(\"{done['notebook'][:2]}\")")
     return 0
 
 
