@@ -98,8 +98,8 @@ def run(label: str, config: dict, mpu, seq_len: int, steps: int, shard=None, sp_
             else:
                 logits = engine(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"]).logits
                 loss_sum, count = lc.token_loss_sum(logits, inputs["shift_labels"])
-                loss = sp_loss(loss_sum, count, group)
-                both = torch.stack([loss_sum.detach(), count.float()])
+                both = torch.stack([loss_sum.detach(), count.float()])    # copied before sp_loss: an all_reduce of
+                loss = sp_loss(loss_sum, count, group)                     # count in place there changes no log
                 dist.all_reduce(both, group=group)
                 mean = both[0] / both[1]
             engine.backward(loss)

@@ -46,11 +46,22 @@ ANSWERS = {
 
             predicted_longest = 2 * sp2.longest
             """, "has changed since the launch")],
-        misread=("thinks every part of a rank's memory is per token, so four ranks train four times SP 1's longest "
-                 "length", """
+        misread=[("thinks every part of a rank's memory is per token, so four ranks train four times SP 1's longest "
+                  "length", """
             def predict_sp4_longest() -> int:
                 return 4 * sp1.longest
-            """)),
+            """),
+                 ("fits the peaks as the solution would, then answers the length where the fit crosses the limit: a "
+                  "length between two the launch tries, where nothing is measured", """
+            def predict_sp4_longest() -> int:
+                import numpy as np
+
+                rows = [(L, o.sp, o.peak(L)) for o in (sp1, sp2) for L in o.trained]
+                A = np.array([[1, L / p, L * L / p] for L, p, _ in rows])
+                c, a, b = np.linalg.lstsq(A, np.array([peak for *_, peak in rows]), rcond=None)[0]
+                roots = np.roots([b / 4, a / 4, c - CAP_MB * 2**20])
+                return int(max(r.real for r in roots if abs(r.imag) < 1e-9))
+            """)]),
     "trainer_parallelism": wrong(
         copier=("copies the page's ParallelismConfig(sp_backend='deepspeed', sp_size=2): every rank in the SP group", """
             def trainer_parallelism(num_attention_heads: int, num_key_value_heads: int, world_size: int) -> dict:

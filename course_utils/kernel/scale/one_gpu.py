@@ -65,7 +65,7 @@ def eight_b_on_24gb(cpu_adam_s_per_param_core: float, gpu_name: str = "RTX 4090 
 # ---------------------------------------------------------------- exercise: project a step yourself
 
 SCENARIO = dict(model="GPT-2 XL", gpu="A100 40 GB", gpus=8, stage=2, tokens_per_gpu=8 * 1024, mfu=0.45)
-TOLERANCE = 0.10
+TOLERANCE = 0.03     # both figures; GiB for GB (7 %), attention left out (9 %) or a non-embedding count (5 %) are outside
 KEYS = ("device_gb", "step_seconds")
 # what a function that only copies the course's projection would call (the check refuses it)
 COURSE_PROJECTIONS = ("project.", "_course", "exercise_problem", "eight_b_on_24gb", "toy_projections", "machine.")
