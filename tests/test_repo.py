@@ -77,6 +77,10 @@ def test_student_edition_is_nbgraders_clear_solutions(path, tmp_path):
     blocks = [block.split(END)[0] for s in solutions for block in s.split(BEGIN)[1:]]     # a cell may hold several
     answers = {line.strip() for block in blocks for line in block.splitlines()[1:] if len(line.strip()) > 20}
     assert not any(a in s for a in answers for s in cells), "a solution line survived in the student edition"
+    hidden = {i for i, c in enumerate(copy.cells) if c.metadata.get("jupyter", {}).get("source_hidden")
+              and "record" not in c.metadata.get("tags", [])}
+    checks = {ex["check"] for ex in student.exercises(nb) if ex["check"] is not None}
+    assert hidden == checks, "the student edition collapses its check cells (their hints), and nothing else"
 
 
 def test_student_source_keeps_indentation_and_removes_the_answer():

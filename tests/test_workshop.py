@@ -129,6 +129,7 @@ def test_release_is_nbgraders_student_edition(build, tmp_path):
             assert all(line in nb.cells[ex["cell"]].source for line in CODE_STUB.splitlines())
             check = nb.cells[ex["check"]]
             assert check.metadata["nbgrader"]["locked"] and check.metadata["editable"] is False
+            assert check.metadata["jupyter"]["source_hidden"], "a check's hints are collapsed, as in make student"
         assert not any(c.get("outputs") for c in nb.cells)
         with api.gradebook as gb:
             assert gb.find_assignment(path.parent.name).max_score == len(student.exercises(course))

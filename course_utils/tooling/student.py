@@ -33,8 +33,19 @@ def clear_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def collapse_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with the source of every check cell (nbgrader's autograded, locked cells) collapsed (in place), as
+    JupyterLab shows a cell whose ``jupyter.source_hidden`` is set: a learner sees what the check printed, and opens
+    the cell only to read it. Its second hint, shown after a check fails again, all but answers the exercise."""
+    for cell in nb.cells:
+        grader = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and grader.get("grade") and not grader.get("solution"):
+            cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+    return nb
+
+
 def student_copy(notebook: Path, out_dir: Path) -> Path:
-    nb = clear_solutions(nbformat.read(str(notebook), as_version=4))
+    nb = collapse_checks(clear_solutions(nbformat.read(str(notebook), as_version=4)))
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

@@ -4,12 +4,13 @@ on it, and the release of the student notebooks (``nbgrader generate_assignment`
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
+
+import nbformat
 
 from course_utils.common import paths
 from course_utils.tooling.nbtools import select
-from course_utils.tooling.student import CODE_STUB
+from course_utils.tooling.student import CODE_STUB, collapse_checks
 
 COURSE_ID = "deepspeed-course"
 CELL_TIMEOUT = 300    # seconds per cell: the longest cell of a full `make course` on 2 cores takes under 90 s, and
@@ -108,7 +109,7 @@ def release(selected: "list[str] | None" = None, folder: Path = paths.NOTEBOOKS,
     for notebook in chosen:
         source = root() / "source" / notebook.stem / notebook.name
         source.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(notebook, source)
+        nbformat.write(collapse_checks(nbformat.read(str(notebook), as_version=4)), str(source))   # as make student
         _succeeded(api.generate_assignment(notebook.stem, force=True, create=True),
                    f"nbgrader generate_assignment {notebook.stem}")
         out.append(released(notebook.stem))
