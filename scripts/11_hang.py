@@ -18,7 +18,9 @@ from course_utils.common.record import record
 from course_utils.common.records.perf import DebugEnv, Logged
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
-INF_RANK, INF_STEP = 1, 2      # this rank's loss is inf on this step
+INF_RANK, INF_STEP = 1, 2      # this rank's loss is inf on this step (the hang)
+NAN_RANK, NAN_STEP = 1, 3      # this rank's loss is nan on this step (the others' are finite): the guard still hangs
+NONE_FINITE_STEP = 4           # on this step no rank's loss is finite (-inf on rank 0, nan on the others)
 # debugging switches a launch can pass to its ranks (notebook 11's pitfall cell): what each rank found set
 DEBUG_VARIABLES = ("CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG",
                    "TORCH_CPP_LOG_LEVEL")
@@ -33,14 +35,21 @@ def log_metrics(step: int, loss: torch.Tensor) -> float:
 
 
 def step_loss(step: int, rank: int, device: str) -> torch.Tensor:
-    """This rank's loss on ``step`` (stands in for a forward pass): inf on one rank and step."""
-    value = float("inf") if (rank, step) == (INF_RANK, INF_STEP) else 1.0 + rank + 0.5 * step
+    """This rank's loss on ``step`` (stands in for a forward pass): inf on one rank and step, nan on that rank the step
+    after, and none finite on the step after that."""
+    value = 1.0 + rank + 0.5 * step
+    if (rank, step) == (INF_RANK, INF_STEP):
+        value = float("inf")
+    elif (rank, step) == (NAN_RANK, NAN_STEP):
+        value = float("nan")
+    elif step == NONE_FINITE_STEP:
+        value = float("-inf") if rank == 0 else float("nan")
     return torch.tensor(value, device=device)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=NONE_FINITE_STEP + 1)
     parser.add_argument("--log_metrics_file", default=None, help="file defining log_metrics() (exercise 3)")
     return parser
 

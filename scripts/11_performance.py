@@ -69,20 +69,37 @@ def step_loss(module, micro_batches: list) -> float:
         return module(**{k: torch.cat([b[k] for b in micro_batches]) for k in ("input_ids", "labels")}).loss.item()
 
 
+def returned_what(value, micro_batches: int) -> str:
+    """"" when a loop returned what exercise 1 asks (a list of one Python float per micro-batch), else what it did."""
+    if not isinstance(value, list):
+        return f"a {type(value).__name__}, not a list"
+    if len(value) != micro_batches:
+        return f"a list of {len(value)} values for {micro_batches} micro-batches"
+    odd = next((v for v in value if not isinstance(v, float)), None)
+    return "" if odd is None else f"a list holding a {type(odd).__name__}, not Python floats"
+
+
 def run_accumulation(base: dict, steps: int, loop, loop_name: str, device: str) -> None:
+    """Every setting of :data:`ACCUMULATION` with ``loop``; with the learner's loop, then 8 × 1 once more with the
+    course's, from the same weights on the same samples: the reference a loop that is wrong in every setting alike
+    (no step, or every update scaled) cannot match."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    for micro, gas in ACCUMULATION:
+    settings = [(micro, gas, loop, loop_name) for micro, gas in ACCUMULATION]
+    if loop_name != "course":
+        settings.append((*ACCUMULATION[0], course_accumulate, "course"))
+    for micro, gas, run_loop, name in settings:
         engine, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=accumulation_config(base, micro, gas))
-        run = Trajectory(micro, gas, engine.train_batch_size(), loop_name)
+        run = Trajectory(micro, gas, engine.train_batch_size(), name)
         for step in range(steps):
             batches = [{k: v.to(device) for k, v in b.items()} for b in perf.micro_batches(step, rank, world, micro, gas)]
             mean = torch.tensor(step_loss(engine.module, batches), dtype=torch.float64).to(device)
-            loop(engine, batches)
+            run.returned = run.returned or returned_what(run_loop(engine, batches), len(batches))
             dist.all_reduce(mean)
             run.loss.append(mean.item() / world)
         run.weight_sum = weights(engine.module).sum().item()
         record(run)
-        rank0_print(f"{micro} × {gas}: loss {run.loss[0]:.4f} → {run.loss[-1]:.4f}")
+        rank0_print(f"{micro} × {gas}{' (the course loop)' if name != loop_name else ''}: "
+                    f"loss {run.loss[0]:.4f} → {run.loss[-1]:.4f}")
     # one optimizer step of 2 × 4, micro-step by micro-step, with DeepSpeed's plain loop written out
     micro, gas = ACCUMULATION[-1]
     engine, *_ = deepspeed.initialize(model=tiny_gpt2("checkpoints"), config=accumulation_config(base, micro, gas))

@@ -286,6 +286,17 @@ def test_the_trainer_counting_one_rank_on_cpu_is_named_in_the_error():
     assert diagnosis("RuntimeError: something else") == ""
 
 
+def test_a_name_the_notebook_imported_is_named_when_an_exported_function_misses_it():
+    """An exercise function runs in the ranks from the file export_function wrote (torch and dist imported, nothing
+    else): a NameError there says to import the name inside the function; a script's own NameError is left alone."""
+    from course_utils.kernel.launch.failures import diagnosis
+
+    exported = ('  File "/c/build/exercises/log_metrics.py", line 6, in log_metrics\n'
+                "    ok = math.isfinite(loss.item())\nNameError: name 'math' is not defined")
+    assert "import what `math` names inside your function" in diagnosis(exported)
+    assert diagnosis(exported.replace("/exercises/", "/scripts/")) == "", "a script's own NameError is its own"
+
+
 def test_lessons_that_need_ranks_get_them_on_any_machine():
     """A launch says how many ranks its lesson needs; with fewer GPUs it runs on CPU ranks and says so,
     while single-device lessons (no min_ranks) keep the GPU. Simulated machines: 0, 1, 2 and 8 GPUs."""

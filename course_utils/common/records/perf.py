@@ -20,6 +20,7 @@ class Trajectory(Record, name="trajectory"):
     loop: str                        # "yours" (exercise 1) or "course"
     loss: list = field(default_factory=list)
     weight_sum: float = 0.0          # Σ of all weights at the end (float64): the same updates, the same sum
+    returned: str = ""               # "" when the loop returned a list of one float per micro-batch, else what it did
 
 
 @dataclass

@@ -135,12 +135,24 @@ _BATCH = re.compile(r"train_batch_size is not equal to micro_batch_per_gpu \* gr
                     r"(\d+) != (\d+) \* (\d+) \* (\d+)")
 
 
+# A learner's exercise function runs in the ranks from the file checks.export_function wrote under build/exercises/:
+# a name the notebook imported is not defined there.
+_EXERCISE_FRAME = re.compile(r'File "[^"]*/exercises/[^"]*\.py", line \d+')
+_UNDEFINED = re.compile(r"NameError: name '(\w+)' is not defined")
+
+
 def diagnosis(trace: str) -> str:
     """What to change, for failures whose own message does not say it; "" when none applies.
 
     DeepSpeed's batch assertion already names its numbers (notebook 02 has you read it); what it cannot say is
-    that on CPU-only ranks the Trainer counted one rank.
+    that on CPU-only ranks the Trainer counted one rank. A NameError in a learner's exported function cannot say that
+    the notebook's imports stay in the notebook.
     """
+    undefined = _UNDEFINED.search(trace)
+    if undefined and _EXERCISE_FRAME.search(trace):
+        return (f"What to change: your function ran in the ranks from the file the notebook wrote for them, which holds "
+                f"it after `import torch` and `import torch.distributed as dist` and nothing else of the notebook: "
+                f"import what `{undefined.group(1)}` names inside your function.")
     batch = _BATCH.search(trace)
     if batch:
         train, micro, accumulation, world = map(int, batch.groups())

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import csv
 import re
+from contextlib import contextmanager
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from course_utils.common.record import read_as
 from course_utils.common.records.perf import Activation, FlopsProfile, LoopUpdate, Recompute, StepTime, Trajectory
@@ -20,8 +21,26 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- 1 · accumulation
 
 def loss_table(records: list[dict]) -> dict[str, list[float]]:
-    """Rank 0's loss per optimizer step for each micro-batch × accumulation setting, "8 × 1" → losses."""
-    return {f"{t.micro} × {t.gas}": t.loss for t in read_as(records, Trajectory)}
+    """Rank 0's loss per optimizer step for each micro-batch × accumulation setting of the loop the ranks were given
+    (the first one recorded), "8 × 1" → losses; the course loop's reference run is left out (:func:`reference_gap`)."""
+    trajectories = read_as(records, Trajectory)
+    return {f"{t.micro} × {t.gas}": t.loss for t in trajectories if t.loop == trajectories[0].loop}
+
+
+def reference_gap(records: list[dict]) -> float | None:
+    """The largest difference, over the steps, between the given loop's first setting (8 × 1) and the course loop's
+    run of that setting from the same weights on the same samples; None when the ranks ran the course's loop only."""
+    trajectories = read_as(records, Trajectory)
+    yours = trajectories[0]
+    course = next((t for t in trajectories[1:] if t.loop == "course" != yours.loop
+                   and (t.micro, t.gas) == (yours.micro, yours.gas)), None)
+    return None if course is None else max(abs(a - b) for a, b in zip(yours.loss, course.loss))
+
+
+def returned(records: list[dict]) -> str:
+    """What the given loop returned where it was not a list of one float per micro-batch ("" when it always was)."""
+    trajectories = read_as(records, Trajectory)
+    return next((t.returned for t in trajectories if t.loop == trajectories[0].loop and t.returned), "")
 
 
 def max_abs_loss_diff(losses: dict[str, list[float]]) -> float:
@@ -66,8 +85,24 @@ def activation_rows(records: list[dict], hidden: tuple[int, int] | None = None) 
 
 def measured_activation(records: list[dict], checkpointing: str, seq_len: int, batch: int) -> int:
     """Activation bytes after the forward pass that rank 0 measured for one setting."""
-    return next(a.after_forward for a in read_as(records, Activation)
-                if (a.checkpointing, a.seq_len, a.batch) == (checkpointing, seq_len, batch))
+    found = [a.after_forward for a in read_as(records, Activation)
+             if (a.checkpointing, a.seq_len, a.batch) == (checkpointing, seq_len, batch)]
+    if not found:
+        raise LookupError(f"no measurement of sequence length {seq_len} × micro-batch {batch} ({checkpointing}) here")
+    return found[0]
+
+
+@contextmanager
+def withheld(records: list[dict], seq_len: int, batch: int) -> Iterator[None]:
+    """Inside the block, ``records`` (a launch's, changed in place) lack the activation measurements of one setting:
+    exercise 2's prediction is made while its measurement is out of reach, then the records are whole again."""
+    kept = list(records)
+    records[:] = [r for r in records if not (r.get("name") == Activation.NAME
+                                             and (r["value"].get("seq_len"), r["value"].get("batch")) == (seq_len, batch))]
+    try:
+        yield
+    finally:
+        records[:] = kept
 
 
 def recompute_rows(records: list[dict]) -> list[dict[str, Any]]:
