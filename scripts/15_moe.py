@@ -133,7 +133,9 @@ def yours(path: str, steps: int) -> None:
     measured = model_state_bytes(tensor_inventory(engine))
     record(StageState(stage=engine.zero_optimization_stage(), rank=dist.get_rank(), expert_numel=expert_numel,
                       dense_numel=dense_numel, measured=measured, optimizer_groups=m.optimizer_groups(engine),
-                      label="yours", losses=losses, given_groups=given))
+                      label="yours", losses=losses, given_groups=given,
+                      batch={"micro": engine.train_micro_batch_size_per_gpu(),
+                             "accumulation": engine.gradient_accumulation_steps(), "clipping": engine.gradient_clipping()}))
     release(engine)
 
 
@@ -172,8 +174,8 @@ def checkpoint(base: dict, steps: int) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ep-sizes", type=int, nargs="*", default=[1, 2])
-    parser.add_argument("--layout", nargs=5, default=None, metavar=("EXPERTS", "EP", "K", "CF", "FFN"),
-                        help="also measure this layout")
+    parser.add_argument("--layout", nargs=5, action="append", default=None, metavar=("EXPERTS", "EP", "K", "CF", "FFN"),
+                        help="also measure this layout (given twice: the second is labelled as a second layout)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--balance-steps", type=int, default=30)
     parser.add_argument("--layouts-only", action="store_true", help="only section 3 (and --layout, --yours)")
@@ -192,9 +194,8 @@ def main(argv=None) -> None:
         balance(base, args.balance_steps)
     for ep in args.ep_sizes:
         layout(base, f"4 experts, ep_size {ep}", 4, ep, 1, 1.0, m.FFN, args.steps)
-    if args.layout:
-        e, ep, k, cf, ffn = args.layout
-        layout(base, "your layout", int(e), int(ep), int(k), float(cf), int(ffn), args.steps)
+    for label, (e, ep, k, cf, ffn) in zip(("your layout", "your second layout"), args.layout or []):
+        layout(base, label, int(e), int(ep), int(k), float(cf), int(ffn), args.steps)
     if args.yours:
         yours(args.yours, args.steps)
     if not args.layouts_only:

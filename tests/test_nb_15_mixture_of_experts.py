@@ -23,7 +23,8 @@ def capacity(experts: int, k: int, factor: float) -> int:
 
 
 LAYOUTS = {"4 experts, ep_size 1": (4, 1, 1, 1.0, 64), "4 experts, ep_size 2": (4, 2, 1, 1.0, 64),
-           "4 experts, ep_size 4": (4, 4, 1, 1.0, 64), "your layout": (6, 2, 2, 1.25, 48)}
+           "4 experts, ep_size 4": (4, 4, 1, 1.0, 64), "your layout": (6, 2, 2, 1.1, 48),
+           "your second layout": (8, 4, 1, 0.25, 48)}
 
 
 def test_moe_routing_expert_parallelism_zero_and_leaf_modules():
@@ -52,7 +53,7 @@ def test_moe_routing_expert_parallelism_zero_and_leaf_modules():
         for label, (experts, ep, k, cf, ffn) in LAYOUTS.items():
             mine = [r for r in rows if r["world"] == world and r["layout"] == label]
             if not mine:
-                assert world == 2 and ep != 2 and ep != 1 or label == "your layout" and world == 2
+                assert world == 2 and ep != 2 and ep != 1 or label.startswith("your") and world == 2
                 continue
             assert len(mine) == world
             for r in mine:
@@ -133,7 +134,7 @@ def test_moe_routing_expert_parallelism_zero_and_leaf_modules():
     assert all(r["within"] for r in rows), [r for r in rows if not r["within"]]
     assert sorted(r["count"].split(" (")[0] for r in rows) == sorted(
         f"{world} ranks, {label}, rank {rank}" for world, label in (
-            (2, "4 experts, ep_size 2"), (4, "4 experts, ep_size 2"), (4, "4 experts, ep_size 4"), (4, "your layout"))
+            (2, "4 experts, ep_size 2"), (4, "4 experts, ep_size 2"), (4, "4 experts, ep_size 4"), (4, "your layout"), (4, "your second layout"))
         for rank in range(world))
     projections = m["scale_projections"]
     assert {(p["hardware"], p["assumptions"]["capacity factor"], p["assumptions"]["link"]) for p in projections} == {

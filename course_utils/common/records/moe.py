@@ -68,6 +68,7 @@ class StageState(Record, name="moe_zero_state"):
     label: str = "course"        # "yours": the engine your moe_zero2 built
     losses: list = field(default_factory=list)
     given_groups: list = field(default_factory=list)       # yours: the groups of your optimizer as you built it
+    batch: dict = field(default_factory=dict)   # yours: the engine's micro-batch per rank, accumulation steps, clipping
 
 
 @dataclass

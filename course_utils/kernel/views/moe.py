@@ -200,8 +200,8 @@ def leaf_problem(section) -> str | None:
     """What is wrong with a ``zero_optimization.leaf_module`` section for section 5's expert-list model (the tiny OLMoE
     with :class:`course_utils.rank.moe.ExpertListBlock` blocks), found before any rank starts: DeepSpeed's own config
     class reads it and DeepSpeed's own matching marks the leaves of the model built here. None when every leaf runs a
-    forward of its own (ZeRO-3 gathers a leaf's parameters when the leaf runs; a ``ModuleList`` never does) and every
-    sparse block is a leaf or lies inside one."""
+    forward of its own (ZeRO-3 gathers a leaf's parameters when the leaf runs; a ``ModuleList`` never does), every
+    sparse block is a leaf or lies inside one, and no leaf holds more than a sparse block (a leaf is gathered whole)."""
     import copy
 
     from deepspeed.runtime.zero.leaf_module_config import DeepSpeedZeroLeafModuleConfig
@@ -229,6 +229,11 @@ def leaf_problem(section) -> str | None:
         return (f"DeepSpeed marks {len(leaves)} leaf module(s) with your section, and the modules that choose which "
                 "experts run are not inside any of them: ZeRO-3 would still gather the experts one by one, only for "
                 "the tokens each rank has.")
+    larger = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, moe.ExpertListBlock)
+              and any(isinstance(sub, moe.ExpertListBlock) for sub in leaf.modules())]
+    if larger:
+        return (f"DeepSpeed marks {len(leaves)} leaf module(s) with your section, and {larger[0]} holds more than the "
+                "module that chooses which experts run: ZeRO-3 would gather all of it whole, on every rank, at once.")
     return None
 
 
