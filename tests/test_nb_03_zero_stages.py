@@ -47,7 +47,7 @@ def test_zero_memory_is_measured_and_matches_the_adjusted_formula():
     [yours] = as_records(m["your_config"], YourConfig)   # exercise 2's solution, launched on 4 ranks beside the others
     assert (yours.stage, yours.dtype, yours.world_size) == (3, "fp32", 4)
     held = yours.measured["model_states"]
-    assert held <= 0.35 * by[(procs, "fp32", 0)]["measured_bytes"], "within the exercise's budget"
+    assert held <= 0.36 * by[(procs, "fp32", 0)]["measured_bytes"], "within the exercise's budget"
     assert held == pytest.approx(20 / 4 * m["num_params"], rel=0.03), "stage 3 in fp32 with its master copy, within 3 %"
     # one execution of the notebook, several subjects (each test function would execute it again)
     check_each_stage_sends_what_deepspeed_0_19_issues(m)
@@ -211,6 +211,8 @@ def test_the_kernel_checks_of_the_exercises_pass_the_course_answers_and_name_the
     shapes = [(8192, 384), (384,), (384, 1152), (1152,)]
     assert ze.shard_mismatches(predict, shapes) == ""
     assert "on 5 ranks" in ze.shard_mismatches(lambda s, w: predict(s, w, cut=lambda n, w: n // w), shapes)
+    padded = ze.shard_mismatches(lambda s, w: {**predict(s, w), "inside": predict(s, w)["shard"] * w}, shapes)
+    assert padded.startswith('your "inside" differs from what DeepSpeed\'s gather gives back') and "on 5 ranks" in padded
 
     def whole(params):
         with deepspeed.zero.GatheredParameters(list(params.values())):
@@ -225,18 +227,27 @@ def test_the_kernel_checks_of_the_exercises_pass_the_course_answers_and_name_the
 
     base = {**configs.load("zero0.json")[0], "train_micro_batch_size_per_gpu": 1,
             "zero_optimization": {"stage": 0, "reduce_bucket_size": 5e7}}
-    psi = 13_842_432
+    from course_utils.common.zero_rules import edge_grad_numel
+    from course_utils.rank.models import tiny_gpt2
+
+    numels = [p.numel() for p in tiny_gpt2("zero_lab").parameters()]
+    psi = sum(numels)
+    assert psi == 13_842_432
 
     def plan(per_param):
         def budget_plan(base, psi, n):
             config, held = json.loads(json.dumps(base)), per_param(n)
-            stage = next(s for s in range(4) if held[s] <= 0.35 * 16)
+            stage = next(s for s in range(4) if held[s] <= 0.36 * 16)
             config["zero_optimization"]["stage"] = stage
             return config, held[stage] * psi
         return budget_plan
-    deepspeed_holds = plan(lambda n: {0: 16, 1: 4 + 16 / n, 2: 4 + 16 / n, 3: 20 / n})
-    assert ze.budget_problems(deepspeed_holds, copy.deepcopy(base), psi, 16 * psi, 30720) == ""
+    edge = lambda n: 4 * edge_grad_numel(numels, n, 0) / psi        # rank 0's gradient buffer, bytes per parameter
+    deepspeed_holds = plan(lambda n: {0: 16, 1: 4 + edge(n) + 12 / n, 2: 4 + edge(n) + 12 / n, 3: 20 / n})
+    assert ze.budget_problems(deepspeed_holds, copy.deepcopy(base), psi, 16 * psi, 30720, numels) == ""
     the_paper = plan(lambda n: {0: 16, 1: 8 + 8 / n, 2: 4 + 12 / n, 3: 16 / n})
-    assert "holds more than the budget" in ze.budget_problems(the_paper, base, psi, 16 * psi, 30720)
+    assert "holds more than the budget" in ze.budget_problems(the_paper, base, psi, 16 * psi, 30720, numels)
     always_3 = plan(lambda n: {0: 16, 1: 16, 2: 16, 3: 20 / n})
-    assert "a lower stage" in ze.budget_problems(always_3, base, psi, 16 * psi, 30720)
+    assert "a lower stage" in ze.budget_problems(always_3, base, psi, 16 * psi, 30720, numels)
+    averaged = plan(lambda n: {0: 16, 1: 4 + 16 / n, 2: 4 + 16 / n, 3: 20 / n})     # Ψ/N gradients: 12 % low on 16 ranks
+    assert "on 16 ranks your prediction is more than 3% off" in ze.budget_problems(averaged, base, psi, 16 * psi, 30720,
+                                                                                    numels)

@@ -20,8 +20,10 @@ WHOLE_READ_NAMES = ("transformer.wte.weight", "transformer.h.0.mlp.c_fc.weight",
 def shard_mismatches(predict_stage3: Callable, shapes: Sequence[tuple], world_sizes: Sequence[int] = (2, 3, 5, 8)) -> str:
     """Where ``predict_stage3(shape, n)["shard"]`` differs from the shard DeepSpeed's own code cuts for a parameter of
     that shape on ``n`` ranks (``Init._aligned_size`` pads the parameter to a multiple of ``n``, ``_partition_param``
-    gives each rank ``tensor_size // n``; run here on a stand-in for a ``zero.Init`` of ``n`` ranks): '' when nowhere,
-    else how many (shape, ranks) pairs differ and the first of them."""
+    gives each rank ``tensor_size // n``; run here on a stand-in for a ``zero.Init`` of ``n`` ranks), or its
+    ``"inside"`` from what a gather gives back (``param.data = ….narrow(0, 0, param.ds_numel).view(param.ds_shape)``
+    in ``partition_parameters.py``: the whole weight, its padding cut off): '' when nowhere, else how many (shape,
+    ranks) pairs differ and the first of them."""
     from deepspeed.runtime.zero.partition_parameters import Init
 
     class Ranks:            # what Init's size arithmetic asks of a zero.Init: the number of ranks a parameter is cut into
@@ -41,12 +43,15 @@ def shard_mismatches(predict_stage3: Callable, shapes: Sequence[tuple], world_si
             for d in shape:
                 numel *= d
             deepspeed_cuts = Ranks(n)._aligned_size(SimpleNamespace(ds_numel=numel)) // n
-            if predict_stage3(shape, n).get("shard") != deepspeed_cuts:
-                wrong.append((shape, n))
+            answer = predict_stage3(shape, n)
+            if answer.get("shard") != deepspeed_cuts:
+                wrong.append((shape, n, "shard", "the shard DeepSpeed cuts"))
+            elif answer.get("inside") != numel:
+                wrong.append((shape, n, "inside", "what DeepSpeed's gather gives back"))
     if not wrong:
         return ""
-    shape, n = wrong[0]
-    return (f"your \"shard\" differs from the shard DeepSpeed cuts for {len(wrong)} of {len(world_sizes) * len(set(map(tuple, shapes)))} "
+    shape, n, key, theirs = wrong[0]
+    return (f"your \"{key}\" differs from {theirs} for {len(wrong)} of {len(world_sizes) * len(set(map(tuple, shapes)))} "
             f"(shape, ranks) pairs, the first a weight of shape {shape} on {n} ranks.")
 
 
@@ -123,17 +128,20 @@ def whole_read_problems(read_whole: Callable, rel: float = 1e-5) -> list[str]:
 
 
 def budget_problems(budget_plan: Callable, base: dict, psi: int, stage0_bytes: float, persistent_numel: int,
-                    budget: float = 0.35, ranks: Sequence[int] = (8, 16), tolerance: float = 0.03) -> str:
-    """What ``budget_plan`` gets wrong on ``ranks`` the notebook never launches, held against the adjusted formula of
-    section 3 (:func:`~course_utils.common.zero_rules.deepspeed_expected`, which the notebook checks against every rank's
-    measured bytes): the config DeepSpeed reads for that many ranks must train in fp32 at the lowest stage whose model
-    states fit ``budget`` × stage 0's, and the predicted bytes must be within ``tolerance`` of that stage's. '' when
-    nothing is wrong."""
-    from course_utils.common.zero_rules import deepspeed_expected
+                    param_numels: Sequence[int], budget: float = 0.36, ranks: Sequence[int] = (8, 16),
+                    tolerance: float = 0.03) -> str:
+    """What ``budget_plan`` gets wrong on ``ranks`` the notebook never launches, held against rank 0's bytes by the
+    adjusted formula of section 3 (:func:`~course_utils.common.zero_rules.deepspeed_expected`, with rank 0's gradient
+    buffer of stages 1–2 from ``param_numels``, :func:`~course_utils.common.zero_rules.edge_grad_numel`: the formula the
+    notebook checks against every rank's measured bytes): the config DeepSpeed reads for that many ranks must train in
+    fp32 at the lowest stage whose model states fit ``budget`` × stage 0's, and the predicted bytes must be within
+    ``tolerance`` of that stage's. '' when nothing is wrong."""
+    from course_utils.common.zero_rules import deepspeed_expected, edge_grad_numel
     from course_utils.kernel import configs
 
     def held(stage: int, n: int) -> float:
-        return deepspeed_expected(psi, stage, n, "fp32", persistent_numel=persistent_numel if stage == 3 else 0)["total"]
+        return deepspeed_expected(psi, stage, n, "fp32", grad_partition_numel=edge_grad_numel(param_numels, n, 0),
+                                  persistent_numel=persistent_numel if stage == 3 else 0)["total"]
 
     for n in ranks:
         config, predicted = budget_plan(base, psi, n)
