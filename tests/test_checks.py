@@ -103,3 +103,35 @@ def test_outcome_returns_what_the_learners_code_raised_and_lets_the_check_refuse
     assert isinstance(checks.outcome(lambda x: 5, 1, hint="h", convert=set), TypeError)    # set(5): a wrong answer too
     with pytest.raises(checks.ExerciseNotDone):
         checks.outcome(stub, 1, hint="h")
+
+
+def test_in_a_notebook_the_passed_lines_wait_for_the_cell_and_a_failing_cell_shows_none(monkeypatch, capsys):
+    """A cell whose first checks pass and whose next one fails printed ✔ lines above the error: in IPython the lines
+    wait for the end of the cell (``post_run_cell``) and are printed only when it ran through."""
+    from types import SimpleNamespace
+
+    from IPython.core.events import EventManager, available_events
+
+    shell = SimpleNamespace()
+    shell.events = EventManager(shell, available_events)
+    monkeypatch.setattr(checks, "_shell", lambda: shell)
+
+    def cell(*conditions):
+        try:
+            for ok in conditions:
+                checks.check(ok, "a hint")
+        except checks.ExerciseCheckError:
+            shell.events.trigger("post_run_cell", SimpleNamespace(success=False))
+            return "raised"
+        shell.events.trigger("post_run_cell", SimpleNamespace(success=True))
+        return "ran"
+
+    assert cell(True, True, False) == "raised" and capsys.readouterr().out == ""
+    assert cell(True) == "ran" and capsys.readouterr().out == "✔ check passed\n"
+    with checks.together("two things"):
+        checks.check(True, "h")
+        checks.check(True, "h")
+    assert capsys.readouterr().out == ""
+    shell.events.trigger("post_run_cell", SimpleNamespace(success=True))
+    assert capsys.readouterr().out == "✔ 2 checks passed: two things\n"
+    assert len(shell.events.callbacks["post_run_cell"]) == 1, "registered once"

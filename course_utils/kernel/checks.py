@@ -57,12 +57,39 @@ def _call(fn: Callable, args: tuple, hint: "str | Sequence[str]") -> Any:
         raise _not_done(fn, hint) from None
 
 
+_pending: list[str] = []         # ✔ lines of the cell running now, printed once it has run through
+
+
 def _passed(line: str = "✔ check passed", checks: int = 1) -> None:
-    """A check passed: its line, or, inside :func:`together`, one more for that block's summary."""
+    """A check passed: its line, or, inside :func:`together`, one more for that block's summary.
+
+    In a notebook the line waits for the end of the cell, and is printed only if the cell ran through: a cell whose
+    first checks pass and whose next one fails shows the failure alone, not ✔ lines above an error (IPython's
+    ``post_run_cell`` event). Outside IPython it is printed at once."""
     if _groups:
         _groups[-1] += checks
-    else:
+        return
+    shell = _shell()
+    if shell is None:
         print(line)
+        return
+    if not _pending and _print_when_the_cell_ran not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _print_when_the_cell_ran)
+    _pending.append(line)
+
+
+def _shell() -> Any:
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def _print_when_the_cell_ran(result: Any) -> None:
+    lines = list(_pending)
+    _pending.clear()
+    if lines and getattr(result, "success", False):
+        print("\n".join(lines))
 
 
 @contextmanager
