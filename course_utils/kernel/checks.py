@@ -73,7 +73,7 @@ def _passed(line: str = "✔ check passed", checks: int = 1) -> None:
     if shell is None:
         print(line)
         return
-    if not _pending and _print_when_the_cell_ran not in shell.events.callbacks["post_run_cell"]:
+    if _print_when_the_cell_ran not in shell.events.callbacks["post_run_cell"]:
         shell.events.register("post_run_cell", _print_when_the_cell_ran)
     _pending.append(line)
 

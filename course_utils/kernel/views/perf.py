@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import re
-from contextlib import contextmanager
 import statistics
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -20,11 +20,16 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------- 1 · accumulation
 
-def loss_table(records: list[dict]) -> dict[str, list[float]]:
-    """Rank 0's loss per optimizer step for each micro-batch × accumulation setting of the loop the ranks were given
-    (the first one recorded), "8 × 1" → losses; the course loop's reference run is left out (:func:`reference_gap`)."""
+def given_trajectories(records: list[dict]) -> list[Trajectory]:
+    """Rank 0's settings of the loop the ranks were given (the first one recorded: the learner's, or the course's until
+    exercise 1 is written), without the course loop's reference run (:func:`reference_gap`)."""
     trajectories = read_as(records, Trajectory)
-    return {f"{t.micro} × {t.gas}": t.loss for t in trajectories if t.loop == trajectories[0].loop}
+    return [t for t in trajectories if t.loop == trajectories[0].loop]
+
+
+def loss_table(records: list[dict]) -> dict[str, list[float]]:
+    """The loss per optimizer step for each micro-batch × accumulation setting of the given loop, "8 × 1" → losses."""
+    return {f"{t.micro} × {t.gas}": t.loss for t in given_trajectories(records)}
 
 
 def reference_gap(records: list[dict]) -> float | None:
@@ -39,8 +44,7 @@ def reference_gap(records: list[dict]) -> float | None:
 
 def returned(records: list[dict]) -> str:
     """What the given loop returned where it was not a list of one float per micro-batch ("" when it always was)."""
-    trajectories = read_as(records, Trajectory)
-    return next((t.returned for t in trajectories if t.loop == trajectories[0].loop and t.returned), "")
+    return next((t.returned for t in given_trajectories(records) if t.returned), "")
 
 
 def max_abs_loss_diff(losses: dict[str, list[float]]) -> float:

@@ -139,8 +139,10 @@ def budget_problems(budget_plan: Callable, base: dict, psi: int, stage0_bytes: f
     from course_utils.common.zero_rules import deepspeed_expected, edge_grad_numel
     from course_utils.kernel import configs
 
+    edges = {n: edge_grad_numel(param_numels, n, 0) for n in ranks}      # rank 0's gradient buffer, stages 1–2
+
     def held(stage: int, n: int) -> float:
-        return deepspeed_expected(psi, stage, n, "fp32", grad_partition_numel=edge_grad_numel(param_numels, n, 0),
+        return deepspeed_expected(psi, stage, n, "fp32", grad_partition_numel=edges[n],
                                   persistent_numel=persistent_numel if stage == 3 else 0)["total"]
 
     for n in ranks:
