@@ -130,6 +130,11 @@ def test_the_kernel_checks_of_the_exercises_pass_the_course_answers_and_name_the
     assert "no zero_optimization.offload_param" in oe.nvme_problems(lambda c, f: nvme(c, f, ("offload_optimizer",)), stage3)
     assert "device 'cpu'" in oe.nvme_problems(lambda c, f: nvme(c, f, device="cpu"), stage3)
     assert "elsewhere" in oe.nvme_problems(lambda c, f: nvme(c, "/somewhere/else"), stage3)
+    # the section replaced by the offloads, or another stage: the ranks' script would still run stage 3, DeepSpeed not
+    replaced = lambda c, f: {**c, "zero_optimization": {s: {"device": "nvme", "nvme_path": f} for s in oe.OFFLOADS}}
+    assert "no longer holds the given config's zero_optimization.overlap_comm" in oe.nvme_problems(replaced, stage3)
+    assert "ZeRO stage 2" in oe.nvme_problems(lambda c, f: {**nvme(c, f), "zero_optimization": {
+        **nvme(c, f)["zero_optimization"], "stage": 2}}, stage3)
 
     with torch.device("meta"):
         model = tiny_gpt2("zero_lab")

@@ -143,12 +143,13 @@ def engine_dtypes(engine: Any) -> dict[str, str | None]:
 
 
 def scaler_for(fp16: dict):
-    """DeepSpeed's own scaler for an "fp16" config section, built as the ZeRO optimizer builds it."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    """DeepSpeed's own scaler for an "fp16" config section: the section read by DeepSpeed's config class
+    (``get_float16_config``: ``"false"`` is False there, a missing key its default), the scaler made from what it read
+    as the ZeRO optimizers make theirs (``CreateLossScaler``): dynamic when ``loss_scale`` is 0, else static."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
+    from deepspeed.runtime.precision_config import get_float16_config
 
-    if fp16.get("loss_scale", 0) == 0:
-        return DynamicLossScaler(init_scale=2.0 ** fp16["initial_scale_power"], scale_window=fp16["loss_scale_window"],
-                                 min_scale=fp16["min_loss_scale"], delayed_shift=fp16["hysteresis"],
-                                 consecutive_hysteresis=fp16.get("consecutive_hysteresis", False),
-                                 raise_error_at_min_scale=False)
-    return LossScaler(scale=fp16["loss_scale"])
+    read = get_float16_config({"fp16": {"enabled": True, **fp16}})
+    return CreateLossScaler(dtype=torch.half, static_loss_scale=read.loss_scale, dynamic_scaling=read.loss_scale == 0,
+                            dynamic_loss_args=read.dynamic_loss_scale_args())

@@ -17,12 +17,26 @@ ANSWERS = {
                 out["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": printed}
                 return out
             """)],
-        misread=("thinks ZeRO-Infinity moves only the optimizer states to NVMe, so sets offload_optimizer alone", """
+        misread=[("thinks ZeRO-Infinity moves only the optimizer states to NVMe, so sets offload_optimizer alone", """
             def with_nvme(config: dict, folder: str) -> dict:
                 out = copy.deepcopy(config)
                 out["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": folder}
                 return out
-            """)),
+            """),
+                 ("thinks the NVMe keys are the whole zero_optimization section, and replaces it with them", """
+            def with_nvme(config: dict, folder: str) -> dict:
+                out = copy.deepcopy(config)
+                out["zero_optimization"] = {"offload_optimizer": {"device": "nvme", "nvme_path": folder},
+                                            "offload_param": {"device": "nvme", "nvme_path": folder}}
+                return out
+            """, "no longer holds the given config's"),
+                 ("thinks offloading is stage 2's business, and sets stage 2 with both offloads on NVMe", """
+            def with_nvme(config: dict, folder: str) -> dict:
+                out = copy.deepcopy(config)
+                out["zero_optimization"].update({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": folder},
+                                                 "offload_param": {"device": "nvme", "nvme_path": folder}})
+                return out
+            """, "ZeRO stage 2")]),
     "all_but_embedding": wrong(
         copier=[("copies the threshold the check printed for the course model on this machine", """
             def all_but_embedding(model) -> dict:

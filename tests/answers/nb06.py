@@ -34,11 +34,16 @@ ANSWERS = {
             def target_fp16() -> dict:
                 return {**config["fp16"], "consecutive_hysteresis": False}
             """),
-        misread=("takes loss_scale_window for the number of clean steps before a doubling, one too many", """
+        misread=[("takes loss_scale_window for the number of clean steps before a doubling, one too many", """
             def target_fp16() -> dict:
                 return {"loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 5, "hysteresis": 3,
                         "consecutive_hysteresis": True, "min_loss_scale": 1}
             """),
+                 ("takes loss_scale for the scale the curve starts at, 2^12, beside the dynamic keys", """
+            def target_fp16() -> dict:
+                return {"loss_scale": 4096, "initial_scale_power": 12, "loss_scale_window": 4, "hysteresis": 3,
+                        "consecutive_hysteresis": True, "min_loss_scale": 1}
+            """, "a static LossScaler")],
         secret=("'initial_scale_power': 12", '"initial_scale_power": 12', "'loss_scale_window': 4",
                 '"loss_scale_window": 4')),
 }

@@ -19,17 +19,31 @@ OTHER_SHAPES = ("gpt2", "gpt2-medium")         # GPU sizes of the course's GPT-2
 
 def nvme_problems(with_nvme: Callable, stage3: dict, world_size: int = 2) -> str:
     """What ``with_nvme(stage3, ELSEWHERE)`` gets wrong: it must leave ``stage3`` as it was, and DeepSpeed's own config
-    classes must read from its answer both offloads on NVMe under that folder."""
+    classes must read from its answer both offloads on NVMe under that folder, in ZeRO stage 3, with every other key of
+    ``stage3`` kept as it was."""
     from course_utils.kernel import configs
 
     given = copy.deepcopy(stage3)
     answer = with_nvme(given, ELSEWHERE)
     if given != stage3:
         return "your function changed the config it was given: return a changed copy, the original must stay as it was."
+    if not isinstance(answer, dict) or not isinstance(answer.get("zero_optimization"), dict):
+        return "your function must return the whole config, a dict with its zero_optimization section."
+    lost = [k for k in stage3 if k != "zero_optimization" and answer.get(k) != stage3[k]] + \
+        [f"zero_optimization.{k}" for k in stage3["zero_optimization"]
+         if k not in OFFLOADS + ("stage",) and answer["zero_optimization"].get(k) != stage3["zero_optimization"][k]]
+    if lost:
+        named = ", ".join(lost[:3]) + (f" and {len(lost) - 3} more keys" if len(lost) > 3 else "")
+        return (f"your config no longer holds the given config's {named} as it was: add the offload keys to a copy of "
+                "the config, and keep everything else it says.")
     parsed, refused = configs.deepspeed_verdict(answer, world_size)
     if refused:
         return f"DeepSpeed refuses the config your function returned: {refused}."
     zero = parsed.zero_config
+    if zero.stage != 3:
+        return (f"DeepSpeed reads your config as ZeRO stage {int(zero.stage)}: offload_param acts only in stage 3; "
+                "stages 1 and 2 keep the optimizer states in CPU memory even when offload_optimizer names nvme "
+                "(stage_1_and_2.py), and stage 0 offloads nothing. Keep the config's stage.")
     for section in OFFLOADS:
         offload = getattr(zero, section)
         if offload is None:

@@ -232,8 +232,9 @@ SCALER_KEYS = ("initial_scale_power", "loss_scale_window", "hysteresis", "consec
 
 
 def scale_curve(fp16: dict, overflows: list[bool]) -> list[float]:
-    """The loss scale before each step of DeepSpeed's own ``DynamicLossScaler``, built from the ``fp16`` section
-    as the ZeRO optimizer builds it (:func:`course_utils.rank.engine.scaler_for`), given which steps overflowed.
+    """The loss scale before each step of DeepSpeed's own scaler, built from the ``fp16`` section as the ZeRO
+    optimizer builds it (:func:`course_utils.rank.engine.scaler_for`: DeepSpeed's config class reads the section),
+    given which steps overflowed.
 
     ``update_scale`` asks ``deepspeed.comm`` for the rank only to decide which rank logs the overflow; this kernel
     has no process group, so it is told rank 0 and its log lines are left out."""
@@ -241,13 +242,41 @@ def scale_curve(fp16: dict, overflows: list[bool]) -> list[float]:
 
     from deepspeed.runtime.fp16 import loss_scaler
 
-    scaler = scaler_for({**fp16, "loss_scale": 0})
+    scaler = scaler_for(fp16)
     scales = []
     with mock.patch.object(loss_scaler.dist, "get_rank", return_value=0), mock.patch.object(loss_scaler.logger, "info"):
         for overflow in overflows:
             scales.append(float(scaler.loss_scale))
             scaler.update_scale(overflow)
     return scales
+
+
+def curve_problem(fp16, overflows: list[bool], target: list[float]) -> str:
+    """Exercise 2's check: what keeps ``fp16`` from drawing ``target`` from ``overflows`` ('' when nothing does),
+    read as DeepSpeed reads it; it names the first step where the curves part, never a setting's value."""
+    from deepspeed.runtime.precision_config import get_float16_config
+
+    if not isinstance(fp16, dict):
+        return f"target_fp16() returned a {type(fp16).__name__}, not an fp16 section (a dict)."
+    missing = [k for k in SCALER_KEYS if k not in fp16]
+    if missing:
+        return f"your section lacks {missing}."
+    try:
+        read = get_float16_config({"fp16": {"enabled": True, **fp16}})
+    except Exception as e:                          # DeepSpeed's config class refuses the learner's section
+        said = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'fp16'}: {err['msg']}" for err in e.errors()) \
+            if hasattr(e, "errors") else str(e)
+        return f"DeepSpeed's fp16 config class refuses your section: {said}."
+    if read.loss_scale != 0:
+        return (f"your section sets loss_scale to {read.loss_scale:g}: DeepSpeed then scales every step by that fixed "
+                "number (a static LossScaler) and ignores the dynamic keys; 0 asks for the dynamic scaler.")
+    try:
+        yours = scale_curve(fp16, overflows)
+    except (ArithmeticError, ValueError) as e:     # e.g. a scale of 2**4096: the power given as the scale
+        return (f"DeepSpeed's scaler cannot run from your section ({type(e).__name__}: {e}): initial_scale_power is "
+                "the power of 2 the scale starts at, not the scale.")
+    parted = next((step for step, (a, b) in enumerate(zip(yours, target)) if a != b), None)
+    return "" if parted is None else f"from the same overflows your section's scaler leaves the target curve at step {parted}."
 
 
 def target_scale_curve() -> tuple[list[bool], list[float]]:
