@@ -141,6 +141,14 @@ def train(args, engine, train_loader, device, train_step) -> int:
     steps taken. Every step records this rank's own batch loss (measured here) beside what ``train_step``
     returned, so the notebook can check a learner's step against what the ranks measured."""
     step = 0
+    handed: list = []                 # the value of each loss train_step hands to engine.backward
+    backward = engine.backward
+
+    def watched_backward(loss, *rest, **kwargs):
+        handed.append(float(loss.detach().float()))
+        return backward(loss, *rest, **kwargs)
+
+    engine.backward = watched_backward
     with watching_logits(engine.module) as logits:
         for epoch in range(args.epochs):
             if hasattr(train_loader.sampler, "set_epoch"):
@@ -148,9 +156,12 @@ def train(args, engine, train_loader, device, train_step) -> int:
             for batch in train_loader:
                 if step == 0:
                     record("first_batch", batch["idx"][:8])   # which examples this rank trains on first
+                before = len(handed)
                 mean = train_step(engine, batch, device)
                 step += 1
-                record(TrainLoss(step=step, own=own_loss(logits, batch, device), mean=float(mean)))
+                own = own_loss(logits, batch, device)
+                record(TrainLoss(step=step, own=own, mean=float(mean),
+                                 backward=handed[-1] if len(handed) == before + 1 else None))
                 if step == args.max_steps:
                     return step
     return step
@@ -204,7 +215,10 @@ def main(argv=None) -> None:
     step = train(args, engine, train_loader, device, fns["train_step"])
     train_seconds = time.perf_counter() - started
     idx, preds, labels = evaluate(engine, eval_loader, gather, device)
-    accuracy = (preds == labels).float().mean().item()
+    truth = {int(example["idx"]): int(example["label"]) for example in eval_set}
+    aligned = idx.numel() == preds.numel() == labels.numel() and \
+        all(truth.get(i) == y for i, y in zip(idx.tolist(), labels.tolist()))   # each label still beside its index
+    accuracy = (preds == labels).float().mean().item() if preds.numel() == labels.numel() else float("nan")
     rank0_print(f"trained {step} steps in {train_seconds:.1f} s; evaluation: {idx.numel()} predictions gathered "
                 f"for {len(eval_set)} examples, accuracy {accuracy:.4f}")
     classes = len(data.EMOTION_LABELS)
@@ -214,6 +228,8 @@ def main(argv=None) -> None:
         record("report", report)
         record("eval_unique_examples", int(torch.unique(idx).numel()))
         record("eval_examples", idx.numel())
+        record("eval_columns", {"indices": idx.numel(), "predictions": preds.numel(), "labels": labels.numel(),
+                                "labels_at_their_indices": aligned})
         record("eval_examples_expected", len(eval_set))
         record("eval_accuracy", accuracy)
         confusion = torch.bincount((labels * classes + preds).long().cpu(), minlength=classes * classes)

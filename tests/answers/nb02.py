@@ -31,12 +31,18 @@ ANSWERS = {
                 sampler = DistributedSampler(dataset)
                 return DataLoader(dataset, batch_size=batch_size, shuffle=(sampler is None), sampler=sampler)
             """)],
-        misread=("gives each rank a seed of its own, thinking ranks should shuffle differently to see different data", """
+        misread=[("gives each rank a seed of its own, thinking ranks should shuffle differently to see different data", """
             def shard_loader(dataset, batch_size, rank, world_size, shuffle=False, seed=0):
                 from torch.utils.data import DataLoader, DistributedSampler
                 sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed + rank)
                 return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
             """),
+                 ("thinks the sampler decides the batches too, and gives the DataLoader no batch size", """
+            def shard_loader(dataset, batch_size, rank, world_size, shuffle=False, seed=0):
+                from torch.utils.data import DataLoader, DistributedSampler
+                return DataLoader(dataset, sampler=DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                                                      shuffle=shuffle, seed=seed))
+            """, "not batches of batch_size")],
         secret=("[[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 0]]",)),
     "gather_predictions": wrong(
         copier=("copies the tutorial's output_reduce that section 3 describes: all_gather and concatenate, nothing removed", """
@@ -47,17 +53,14 @@ ANSWERS = {
                 every = torch.cat(gathered, dim=1)
                 return every[0], every[1], every[2]
             """),
-        misread=("removes the repeats from its own shard before gathering, as if the padding repeated examples within one "
-                 "rank", """
+        misread=("removes the repeated indices after gathering, and keeps every gathered prediction and label", """
             def gather_predictions(indices, preds, labels):
-                first = [int((indices == i).nonzero()[0]) for i in torch.unique(indices)]
-                local = torch.stack([indices[first], preds[first], labels[first]])
+                local = torch.stack([indices, preds, labels])
                 gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
                 dist.all_gather(gathered, local)
                 every = torch.cat(gathered, dim=1)
-                order = every[0].argsort()
-                return every[0][order], every[1][order], every[2][order]
-            """),
+                return torch.unique(every[0]), every[1], every[2]
+            """, "remove the repeats from all three alike"),
         run="from_solution", launches=True),
     "train_step": wrong(
         copier=("copies the three engine calls section 2 prints and returns the loss its forward gave", """
@@ -68,15 +71,15 @@ ANSWERS = {
                 engine.step()
                 return out.loss.item()
             """),
-        misread=[("thinks all_reduce averages, as engine.backward does for the gradients, and returns the sum", """
+        misread=[("averages the loss over the ranks first, all_reduce on the loss itself, then backward on the mean", """
             def train_step(engine, batch, device) -> float:
                 out = engine(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                              labels=batch["label"].to(device))
-                engine.backward(out.loss)
+                dist.all_reduce(out.loss)
+                loss = out.loss / dist.get_world_size()
+                engine.backward(loss)
                 engine.step()
-                loss = out.loss.detach().clone()
-                dist.all_reduce(loss)
                 return loss.item()
-            """)],
+            """, "the loss handed to engine.backward")],
         run="from_solution", launches=True),
 }

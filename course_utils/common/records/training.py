@@ -9,8 +9,10 @@ from course_utils.common.record import Record
 @dataclass
 class TrainLoss(Record, name="train_loss"):
     """One training step on one rank: the loss of this rank's own batch (measured by the script from the step's
-    logits) and the mean over ranks that the step function returned for logging."""
+    logits), the mean over ranks that the step function returned for logging, and the value of the loss it handed to
+    ``engine.backward`` (None unless it called backward exactly once that step)."""
     step: int
     own: float
     mean: float
+    backward: float | None = None
 

@@ -151,8 +151,9 @@ def diagnosis(trace: str) -> str:
     undefined = _UNDEFINED.search(trace)
     if undefined and _EXERCISE_FRAME.search(trace):
         return (f"What to change: your function ran in the ranks from the file the notebook wrote for them, which holds "
-                f"it after `import torch` and `import torch.distributed as dist` and nothing else of the notebook: "
-                f"import what `{undefined.group(1)}` names inside your function.")
+                f"it after `import torch` and `import torch.distributed as dist` and nothing else of the notebook, "
+                f"neither its imports nor the other functions you defined there: import what `{undefined.group(1)}` "
+                f"names inside your function, or define it there if it is a helper of yours.")
     batch = _BATCH.search(trace)
     if batch:
         train, micro, accumulation, world = map(int, batch.groups())

@@ -17,6 +17,26 @@ def step_losses(records: list[dict], world_size: int):
     return own, returned
 
 
+def backward_problem(records: list[dict], world_size: int, rel: float = 1e-3) -> str:
+    """What is wrong with the losses ``train_step`` handed to ``engine.backward`` ('' when nothing is): at every step,
+    on every rank, exactly one call, with the loss of that rank's own batch as the script measured it (fp32 here: the
+    two agree to float rounding). Never the values themselves."""
+    rows = [r for rank in range(world_size) for r in read_as(records, TrainLoss, rank=rank)]
+    if not rows:
+        return "the launch recorded no training step."
+    missing = [r for r in rows if r.backward is None]
+    if missing:
+        return (f"at {len(missing)} of {len(rows)} steps × ranks train_step did not call engine.backward exactly once "
+                f"(the first: step {missing[0].step}).")
+    off = [r for r in rows if abs(r.backward - r.own) > rel * max(abs(r.own), 1e-6)]
+    if off:
+        worst = max(abs(r.backward - r.own) / max(abs(r.own), 1e-6) for r in off)
+        return (f"at {len(off)} of {len(rows)} steps × ranks the loss handed to engine.backward is not the loss of that "
+                f"rank's own batch (off by up to {worst:.0%}): the gradients must come from the loss the model computed, "
+                "and all_reduce changes the tensor it is given in place.")
+    return ""
+
+
 def misreported(own, returned, rel: float = 1e-5) -> str:
     """What is wrong with the values ``train_step`` returned, judged against the mean over ranks of the losses the
     ranks measured: '' when every rank returned that mean at every step, else how many steps are off and, for the
