@@ -11,20 +11,24 @@ import torch
 import torch.distributed as dist
 
 from course_utils.rank.distributed import choose_device, rank_identity
-from course_utils.rank.ring import count_sent_bytes, ring_bytes_expected, trace_ring
+from course_utils.rank.ring import count_sent_bytes, record_collectives, ring_bytes_expected, trace_ring
 from course_utils.rank.ring_reference import course_ring_all_reduce
 from course_utils.common.record import record
 from course_utils.common.records.collectives import Ring, RingStep
 from course_utils.rank.scaffolding import finish, load_exercise, parse_args
 
 
-def ring_result(rank: int, world: int, result, reference, sent: dict) -> Ring:
-    """The ``ring`` record of one rank from its ring's result, ``dist.all_reduce``'s, and the bytes counted."""
+def ring_result(rank: int, world: int, tensor, reference, sent: dict, returned=None, collectives: dict | None = None) -> Ring:
+    """The ``ring`` record of one rank: the tensor its ring was given (the exercise sums it in place), read after the
+    call, against ``dist.all_reduce``'s result; a different tensor it returned, if any, against the same; the bytes
+    counted and the collectives it called."""
     size = reference.numel() * reference.element_size()
-    return Ring(rank=rank, matches=bool(torch.allclose(result, reference, rtol=1e-5, atol=1e-5)),
-                max_abs_diff=float((result - reference).abs().max()), bytes_sent=sent["bytes"],
-                messages=sent["messages"], tensor_bytes=size, expected_bytes=ring_bytes_expected(size, world),
-                world_size=world)
+    close = lambda t: bool(t.shape == reference.shape and torch.allclose(t, reference, rtol=1e-5, atol=1e-5))
+    other = returned if isinstance(returned, torch.Tensor) and returned is not tensor else None
+    return Ring(rank=rank, matches=close(tensor), max_abs_diff=float((tensor - reference).abs().max()),
+                bytes_sent=sent["bytes"], messages=sent["messages"], tensor_bytes=size,
+                expected_bytes=ring_bytes_expected(size, world), world_size=world,
+                returned_matches=None if other is None else close(other), collectives=dict(collectives or {}))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +57,12 @@ def main(argv=None) -> None:
     dist.all_reduce(reference)
 
     mine = data.clone()
-    with count_sent_bytes() as sent:
+    with count_sent_bytes() as sent, record_collectives() as collectives:
         result = ring_all_reduce(mine)
-    ring = ring_result(rank, world, mine if result is None else result, reference, sent)
-    print(f"rank {rank}: ring == all_reduce: {ring.matches}, max |diff| {ring.max_abs_diff:.2e}, "
-          f"sent {ring.bytes_sent} bytes in {ring.messages} messages (2(N-1)/N·S = {ring.expected_bytes:.0f})")
+    ring = ring_result(rank, world, mine, reference, sent, returned=result, collectives=collectives)
+    print(f"rank {rank}: ring == all_reduce (the tensor passed in): {ring.matches}, max |diff| {ring.max_abs_diff:.2e}, "
+          f"sent {ring.bytes_sent} bytes in {ring.messages} messages (2(N-1)/N·S = {ring.expected_bytes:.0f}), "
+          f"collectives called: {ring.collectives or 'none'}")
     record(ring)
     record(RingStep.NAME, trace_ring(ring_all_reduce, device))
     finish()

@@ -7,6 +7,7 @@ scripts/01_ring.py runs the learner's function under these (the course's own rin
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterator
 
 from course_utils.common.records.collectives import RingStep
@@ -44,6 +45,53 @@ def count_sent_bytes() -> Iterator[dict[str, int]]:
 
     with _wrapped(dist, {"send": counting, "isend": counting}):
         yield counter
+
+
+# Calls that move data between ranks other than the point-to-point ones (send/isend/recv/irecv): a ring uses none.
+# barrier moves no data and stays allowed. Each name is wrapped wherever one of the modules below has it.
+COLLECTIVE_CALLS = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce", "broadcast",
+                    "broadcast_object_list", "all_gather", "all_gather_into_tensor", "all_gather_single",
+                    "all_gather_coalesced", "all_gather_object", "_all_gather_base", "allgather_fn", "reduce_scatter",
+                    "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter_fn",
+                    "all_to_all", "all_to_all_single", "scatter", "gather", "gather_object", "scatter_object_list")
+
+
+@contextlib.contextmanager
+def record_collectives() -> Iterator[dict[str, int]]:
+    """Count the collectives (:data:`COLLECTIVE_CALLS`) this rank calls inside the block, through
+    ``torch.distributed`` (as ``dist.<name>``) or ``deepspeed.comm``: name → calls. The calls still run. Only the
+    outermost call counts: ``deepspeed.comm.all_reduce`` runs ``torch.distributed.all_reduce`` and counts once."""
+    import torch.distributed as dist
+
+    modules = [("dist", dist), ("torch.distributed.distributed_c10d", dist.distributed_c10d)]
+    try:
+        import deepspeed.comm
+        import deepspeed.comm.comm
+        modules += [("deepspeed.comm", deepspeed.comm), ("deepspeed.comm", deepspeed.comm.comm)]
+    except ImportError:
+        pass
+    called: dict[str, int] = {}
+    depth = [0]
+
+    def recording(label: str, name: str) -> Callable[[Callable], Callable]:
+        def wrap(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def wrapper(*args, **kwargs):
+                if depth[0] == 0:
+                    called[f"{label}.{name}"] = called.get(f"{label}.{name}", 0) + 1
+                depth[0] += 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    depth[0] -= 1
+            return wrapper
+        return wrap
+
+    with contextlib.ExitStack() as stack:
+        for label, module in modules:
+            stack.enter_context(_wrapped(module, {name: recording(label, name) for name in COLLECTIVE_CALLS
+                                                  if callable(getattr(module, name, None))}))
+        yield called
 
 
 def ring_bytes_expected(tensor_bytes: int, world_size: int) -> float:

@@ -4,7 +4,7 @@ every collective once, the collectives a ZeRO step calls, all_reduce timing and 
 :mod:`course_utils.rank.ring`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from course_utils.common.record import Record
 
@@ -70,15 +70,18 @@ class TimingLoad(Record, name="timing_load"):
 
 @dataclass
 class Ring(Record, name="ring"):
-    """One rank's ring all-reduce: right or not, and the traffic it sent against 2(N−1)/N·S."""
+    """One rank's ring all-reduce: right or not (the tensor it was given, after the call), and the traffic it sent
+    against 2(N−1)/N·S."""
     rank: int
-    matches: bool
+    matches: bool                 # the tensor passed in holds dist.all_reduce's result after the call
     max_abs_diff: float
     bytes_sent: int
     messages: int
     tensor_bytes: int
     expected_bytes: float
     world_size: int
+    returned_matches: bool | None = None      # a tensor returned other than the one passed in: does it match? (None: none)
+    collectives: dict = field(default_factory=dict)   # collectives the function called (course_utils.rank.ring.record_collectives)
 
 
 @dataclass

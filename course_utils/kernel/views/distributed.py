@@ -2,9 +2,10 @@
 parallelism families, the ring all-reduce step by step, all_reduce timing, a launch over ssh."""
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from course_utils.kernel.launch.commands import ENV_FILE
 from course_utils.common.records.collectives import (COLLECTIVES, AllReduceTime, CollectiveRow, Identity, RingStep,
@@ -226,3 +227,184 @@ def plot_ring_steps(steps: list[RingStep], world_size: int):
                  "chunk the message it received changed", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- exercise 1: predict, with the measurements out of reach
+
+PREDICTED = ("broadcast", "all_reduce", "reduce_scatter", "all_gather")
+
+
+def _measured(name: str, value) -> bool:
+    """Whether a notebook global holds what a launch measured: a launch's result, a table built from one (the
+    collectives tables ``two`` and ``four``, say), or IPython's record of the outputs the cells showed."""
+    import pandas as pd
+
+    from course_utils.kernel.launch.result import LaunchResult
+
+    return isinstance(value, (LaunchResult, pd.DataFrame, pd.Series)) or name in ("Out", "_oh")
+
+
+@contextlib.contextmanager
+def out_of_reach(fn: Callable) -> Iterator[set[str]]:
+    """Inside the block, the globals of ``fn``'s namespace (the notebook's ``__main__``) that hold what a launch
+    measured (:func:`_measured`) are taken out of it, so ``fn`` cannot look them up; they are put back when the block
+    ends, whatever happened in it. Yields their names."""
+    namespace = getattr(fn, "__globals__", {})
+    hidden = {name: namespace[name] for name in list(namespace) if _measured(name, namespace[name])}
+    for name in hidden:
+        del namespace[name]
+    try:
+        yield set(hidden)
+    finally:
+        namespace.update(hidden)
+
+
+def _looked_up(err: BaseException, names: set[str]) -> str | None:
+    """The hidden name an exception says was missing (NameError, KeyError of ``globals()[...]``, AttributeError of
+    ``__main__.<name>``), if any."""
+    name = getattr(err, "name", None)
+    if name is None and isinstance(err, KeyError) and err.args:
+        name = err.args[0]
+    return name if isinstance(name, str) and name in names else None
+
+
+def predict_problem(predict: Callable, launches: list, hint) -> tuple[str, int]:
+    """Exercise 1: ``predict(collective, rank, world_size)`` against every rank's list after each collective, as
+    ``launches`` (the 2- and the 4-rank one) recorded it. The function is called while the launches' results and the
+    tables built from them are out of its reach (:func:`out_of_reach`). Returns what is wrong ("" when nothing is) and
+    the world size of the case that showed it, for the hint; never the expected lists."""
+    from course_utils.kernel import checks
+
+    cases = []
+    for launch in launches:
+        table = collectives_table(launch.records)
+        cases += [((c, int(r), len(table.loc[c])), list(table.loc[(c, r), "after"]))
+                  for c in PREDICTED for r in table.loc[c].index]
+    with out_of_reach(predict) as hidden:
+        for args, want in cases:
+            try:
+                got = checks.solution(predict, *args, hint=hint)
+            except checks.ExerciseCheckError:
+                raise
+            except Exception as err:      # noqa: BLE001 — a lookup of a hidden table is the answer's fault, said so
+                name = _looked_up(err, hidden)
+                if name is None:
+                    raise
+                named = sorted(h for h in hidden if not h.startswith("_") and h != "Out")
+                return (f"predict{args} looked up `{name}`, which holds what the launches measured: predict each "
+                        f"rank's list from the starting lists the text gives. While the check calls predict, the "
+                        f"launches' results, the tables built from them ({', '.join(named)}) and the outputs the "
+                        f"cells showed are out of its reach.", args[2])
+            if not isinstance(got, list):
+                return (f"predict{args} returned {got!r} ({type(got).__name__}), not a list: return the list the "
+                        f"rank holds after the collective, a list even when it holds one number.", args[2])
+            if got != want:
+                return f"predict{args} returned {got!r}, which is not right.", args[2]
+    return "", 0
+
+
+# ---------------------------------------------------------------- exercise 2: the ring, as the ranks reported it
+
+RING_BYTES_REL = 0.01    # the check's tolerance on each rank's bytes against 2(N−1)/N·S (the table uses it too)
+
+
+def ring_bytes_agreement(rings: list) -> list[dict]:
+    """:func:`course_utils.kernel.scale.wire.ring_agreement` judged at the exercise check's tolerance,
+    :data:`RING_BYTES_REL`, so that the table and the check say the same."""
+    from course_utils.kernel.scale import wire
+
+    return [{**row, "within": abs(row["gap"]) <= RING_BYTES_REL, "tolerance": RING_BYTES_REL}
+            for row in wire.ring_agreement(rings)]
+
+
+def ring_collectives_problem(rings: list) -> str:
+    """The collectives the learner's ring called on the ranks (``Ring.collectives``, recorded by
+    :func:`course_utils.rank.ring.record_collectives`), as a sentence; "" when none."""
+    ranks: dict[str, list[int]] = {}
+    for ring in rings:
+        for name in ring.collectives:
+            ranks.setdefault(name, []).append(ring.rank)
+    if not ranks:
+        return ""
+    calls = "; ".join(f"{name} on rank{'s' if len(on) > 1 else ''} {', '.join(map(str, sorted(on)))}"
+                      for name, on in ranks.items())
+    return (f"your ring_all_reduce called {calls} (recorded while it ran): a ring uses only point-to-point sends and "
+            f"receives.")
+
+
+def ring_in_place_problem(rings: list) -> str:
+    """Ranks whose ring returned the right sum in a tensor of its own while the tensor it was given does not hold
+    it after the call, as a sentence; "" when none."""
+    copies = [r.rank for r in rings if r.returned_matches and not r.matches]
+    if not copies:
+        return ""
+    return (f"on rank{'s' if len(copies) > 1 else ''} {', '.join(map(str, copies))} your function returned the sum "
+            f"in a tensor of its own, but the tensor it was given does not hold it after the call: the exercise sums "
+            f"`tensor` in place, and the script reads that tensor, not what you return.")
+
+
+def ring_result_problem(rings: list) -> str:
+    """Ranks whose tensor, after the learner's ring returned, differs from ``dist.all_reduce``'s result; "" when
+    none."""
+    wrong = [r.rank for r in rings if not r.matches]
+    if not wrong:
+        return ""
+    return (f"after your function returned, the tensor passed in differs from dist.all_reduce's result on "
+            f"rank{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}.")
+
+
+def ring_trace_missing(steps: list[RingStep], world_size: int) -> dict[int, list[int]]:
+    """Rank → the chunks that, after that rank's last traced step, do not hold every rank's contribution (all of
+    them for a rank with no record); ranks that hold every chunk complete are left out."""
+    full = 2 ** world_size - 1
+    last: dict[int, RingStep] = {}
+    for s in steps:
+        if s.rank not in last or s.step > last[s.rank].step:
+            last[s.rank] = s
+    missing = {r: ([c for c, v in enumerate(last[r].held) if v != full] if r in last else list(range(world_size)))
+               for r in range(world_size)}
+    return {r: chunks for r, chunks in missing.items() if chunks}
+
+
+def _rank_chunks(missing: dict[int, list[int]]) -> str:
+    return "; ".join(f"rank {r}: chunk{'s' if len(c) > 1 else ''} {', '.join(map(str, c))}" for r, c in missing.items())
+
+
+def ring_trace_problem(steps: list[RingStep], world_size: int) -> str:
+    """What the traced run of the learner's ring left incomplete, as a sentence; "" when every rank ends holding
+    every chunk with all ranks' contributions."""
+    missing = ring_trace_missing(steps, world_size)
+    if not missing:
+        return ""
+    return (f"in the traced run (rank r starts with 2**r in every element), these chunks do not hold all {world_size} "
+            f"ranks' data after the rank's last step: {_rank_chunks(missing)}.")
+
+
+def ring_trace_summary(steps: list[RingStep], world_size: int) -> str:
+    """What the trace shows, in one paragraph: the steps each rank took, the complete chunks after step N−1 (the end
+    of the scatter-reduce), whether every chunk of every rank holds every rank's data at the end, and whether every
+    message arrived as its sender sent it. Says what is missing where the trace lacks a step, never fails on it."""
+    n = world_size
+    full = 2 ** n - 1
+    at = {(s.rank, s.step): s for s in steps}
+    sends = {r: max((k for rank, k in at if rank == r), default=0) for r in range(n)}
+    same = len(set(sends.values())) == 1
+    parts = [("no rank sent a message" if not sends[0] else
+              f"{sends[0]} step{'s' if sends[0] > 1 else ''} of one message per rank") if same else
+             "messages per rank differ: " + ", ".join(f"rank {r}: {k}" for r, k in sends.items())]
+    short = [r for r in range(n) if (r, n - 1) not in at]
+    if short:
+        parts.append(f"rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} sent fewer than N−1 = {n - 1} "
+                     f"messages, so there is no step N−1 to read there")
+    else:
+        after_scatter = {r: [c for c, v in enumerate(at[(r, n - 1)].held) if v == full] for r in range(n)}
+        parts.append(f"after step N−1 = {n - 1} the complete chunks are {after_scatter} (rank: chunks)")
+    missing = ring_trace_missing(steps, n)
+    parts.append(f"at the end every chunk of every rank holds all {n} ranks: True" if not missing else
+                 f"at the end these chunks do not hold all {n} ranks: {_rank_chunks(missing)}")
+    pairs = [(r, k) for r, k in at if k >= 1]
+    lost = [(r, k) for r, k in pairs if ((r - 1) % n, k) not in at or at[(r, k)].received != at[((r - 1) % n, k)].sent]
+    parts.append("every message arrived as its sender sent it: " + ("True" if pairs and not lost else
+                 "no message was traced" if not pairs else
+                 f"False (rank, step: {', '.join(f'({r}, {k})' for r, k in lost[:6])}{' …' if len(lost) > 6 else ''})"))
+    return "; ".join(parts)
