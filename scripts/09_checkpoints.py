@@ -9,7 +9,9 @@ Modes (one launch each):
           ZeRO-3 model with that option on and off (<out>/trainer/gather_on, gather_off); --large_zero3 also
           saves a ZeRO-3 checkpoint of a bigger GPT-2 (<out>/large/stage3), for the conversion under a memory limit;
           --run_a FOLDER then trains one more engine as `train` does (--run_a_steps, saving at --save_at).
-  train   train to --steps, saving a checkpoint at each --save_at step; --load resumes from a
+  train   train to optimizer step --steps, accumulating gradients over --grad_accum batches of the data stream per
+          optimizer step (the loop's `step` counts those batches, DeepSpeed's global_steps the optimizer steps),
+          saving a checkpoint at each --save_at optimizer step; --load resumes from a
           checkpoint first (--universal: from a universal checkpoint, on any number of ranks; --plain_tag: first try
           a plain load_checkpoint of that ZeRO checkpoint on this number of ranks, and record DeepSpeed's refusal), with
           resume() from the file --resume_file names (notebook 09's exercise) or, without one, course_resume.
@@ -36,13 +38,18 @@ from course_utils.common.records.checkpoints import Saved
 from course_utils.rank.scaffolding import finish, load_config, load_exercise, parse_args, rank0_print
 
 
-def engine_config(base: dict, stage: int, universal: bool = False, dtype: str = "fp32", **zero_options) -> dict:
+def engine_config(base: dict, stage: int, universal: bool = False, dtype: str = "fp32", accumulate: int = 1,
+                  **zero_options) -> dict:
     """The launch's config under ZeRO ``stage`` (plus ``zero_options``) in ``dtype`` ("fp32" keeps the
-    launch's config, "bf16" turns bf16 on), loading universal checkpoints if asked."""
+    launch's config, "bf16" turns bf16 on), loading universal checkpoints if asked; ``accumulate`` batches of the
+    launch's size per optimizer step (gradient accumulation: the global batch grows by that factor)."""
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"dtype must be 'fp32' or 'bf16', not {dtype!r}")
     config = copy.deepcopy(base)
     config["zero_optimization"].update(stage=stage, **zero_options)
+    if accumulate != 1:
+        per_step = base["train_batch_size"] // base.get("gradient_accumulation_steps", 1)
+        config.update(train_batch_size=per_step * accumulate, gradient_accumulation_steps=accumulate)
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
     if universal:
@@ -58,9 +65,11 @@ def engine_for(config: dict):
 
 
 def train_step(engine, step: int, device: str) -> float:
-    """One optimizer step on global batch ``step``; returns the loss averaged over all ranks."""
+    """Forward and backward on batch ``step`` of the data stream (one micro-batch per rank), then engine.step(),
+    which steps the optimizer every gradient_accumulation_steps batches; returns the loss averaged over all ranks."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    batch = rank_slice(global_batch(step, engine.train_batch_size()), rank, world_size).to(device)
+    size = engine.train_micro_batch_size_per_gpu() * world_size       # the stream's batch: 8 sequences, any world size
+    batch = rank_slice(global_batch(step, size), rank, world_size).to(device)
     loss = engine(input_ids=batch, labels=batch).loss
     engine.backward(loss)
     engine.step()
@@ -128,7 +137,8 @@ def layout(args, base: dict, out: Path, device: str) -> None:
     if args.large_zero3:
         large_zero3(base, out / "large" / "stage3", device)
     if args.run_a:      # section 2's uninterrupted run: one engine more, at the config's stage, saving at --save_at
-        rank0_print(f"run A: {args.run_a_steps} steps at the config's stage {base['zero_optimization']['stage']}, "
+        rank0_print(f"run A: {args.run_a_steps} optimizer steps of {args.grad_accum} batches each, at the config's stage "
+                    f"{base['zero_optimization']['stage']}, "
                     f"checkpoints after steps {args.save_at} in {args.run_a}")
         train(argparse.Namespace(**{**vars(args), "steps": args.run_a_steps, "load": None, "plain_tag": None,
                                     "resume_file": None}), base, Path(args.run_a), device)
@@ -146,10 +156,10 @@ def large_zero3(base: dict, out: Path, device: str) -> None:
                 f"GPT-2 saved to {out}")
 
 
-def plain_load_refused(base: dict, folder: str, tag: str) -> None:
+def plain_load_refused(base: dict, folder: str, tag: str, accumulate: int) -> None:
     """Try a plain ``load_checkpoint`` of ZeRO checkpoint ``tag`` on this launch's number of ranks and record how
     DeepSpeed refuses it (``_load_zero_checkpoint`` in runtime/engine.py), as Python would print its last line."""
-    engine = engine_for(engine_config(base, base["zero_optimization"]["stage"]))
+    engine = engine_for(engine_config(base, base["zero_optimization"]["stage"], accumulate=accumulate))
     try:
         engine.load_checkpoint(folder, tag=tag)
     except Exception as err:     # the refusal is the lesson: keep it, then resume the way that works
@@ -206,8 +216,10 @@ def course_resume(engine, folder: str, tag: str | None) -> int:
 def train(args, base: dict, out: Path, device: str) -> None:
     """Train to --steps (resuming from --load first), saving at --save_at; record losses and final logits."""
     if args.plain_tag:
-        plain_load_refused(base, args.load, args.plain_tag)
-    engine = engine_for(engine_config(base, base["zero_optimization"]["stage"], args.universal))
+        plain_load_refused(base, args.load, args.plain_tag, args.grad_accum)
+    engine = engine_for(engine_config(base, base["zero_optimization"]["stage"], args.universal, accumulate=args.grad_accum))
+    accumulate = engine.gradient_accumulation_steps()
+    record("gradient_accumulation_steps", accumulate)
     resume, whose = course_resume, "course"
     if args.resume_file:                 # the learner's resume(engine, folder, tag), exported from the notebook
         resume, whose = load_exercise(args.resume_file, ["resume"])["resume"], "yours"
@@ -222,12 +234,19 @@ def train(args, base: dict, out: Path, device: str) -> None:
         record("resumed_by", whose)
         record("resumed_at", first)
         record("global_steps_after_load", engine.global_steps)     # DeepSpeed's own counter, restored from the checkpoint
-    for step in range(first, args.steps):
-        loss = train_step(engine, step, device)
-        record("loss", [step + 1, loss])
-        rank0_print(f"step {step + 1:3d}  loss {loss:.6f}  lr {engine.get_lr()[0]:.2e}")
-        if step + 1 in args.save_at:
-            engine.save_checkpoint(str(out), tag=f"global_step{step + 1}", client_state={"step": step + 1})
+    losses = []
+    for step in range(first, args.steps * accumulate):   # the script's step: one batch of the data stream
+        boundary = engine.is_gradient_accumulation_boundary()      # this batch's engine.step() steps the optimizer
+        losses.append(train_step(engine, step, device))
+        if not boundary:
+            continue
+        optimizer_step = (step + 1) // accumulate      # where this batch lies in the stream, in optimizer steps
+        loss, losses = sum(losses) / len(losses), []
+        record("loss", [optimizer_step, loss])
+        rank0_print(f"optimizer step {optimizer_step:3d} (batches read {step + 1:3d})  loss {loss:.6f}  "
+                    f"lr {engine.get_lr()[0]:.2e}")
+        if engine.global_steps in args.save_at:       # the data position, in batches read, travels in client_state
+            engine.save_checkpoint(str(out), tag=f"global_step{engine.global_steps}", client_state={"step": step + 1})
     engine.eval()
     with torch.no_grad():
         logits = engine(input_ids=fixed_batch().to(device)).logits
@@ -239,8 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["layout", "train"], required=True)
     parser.add_argument("--out", required=True, help="folder for checkpoints and exported weights")
-    parser.add_argument("--steps", type=int, default=4, help="train until this global step")
-    parser.add_argument("--save_at", type=int, nargs="*", default=[], help="save a checkpoint after these steps")
+    parser.add_argument("--steps", type=int, default=4, help="train until this optimizer step (DeepSpeed's global step)")
+    parser.add_argument("--grad_accum", type=int, default=2,
+                        help="train: batches of the data stream (micro-batches) per optimizer step; layout engines take 1")
+    parser.add_argument("--save_at", type=int, nargs="*", default=[], help="save a checkpoint after these optimizer steps")
     parser.add_argument("--load", default=None, help="checkpoint folder to resume from")
     parser.add_argument("--tag", default=None, help="which checkpoint of --load (default: the one named in `latest`)")
     parser.add_argument("--universal", action="store_true", help="--load names a universal checkpoint")
