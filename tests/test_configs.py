@@ -54,6 +54,9 @@ def test_every_shipped_config_is_valid(path):
      "fp16.fp16_master_weights_and_grads: DeepSpeed refuses it (AssertionError"),
     (base(zero_optimization={"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}), 2,
      "zero_optimization.cpu_offload, zero_optimization.offload_optimizer: DeepSpeed refuses them"),
+    # a section's own validator (no field location): its message, on the section
+    (base(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}), 2,
+     "zero_optimization: Partial offloading only supported for ZeRO Stage 3"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_mistakes_raise_config_error_naming_the_key(config, world_size, fragment):
     with pytest.raises(ConfigError) as err:

@@ -167,6 +167,41 @@ def outcome(fn: Callable, *args: Any, hint: "str | Sequence[str]", convert: Call
         return err
 
 
+def _measured(name: str, value: Any) -> bool:
+    """Whether a notebook global holds what a launch measured: a launch's result, a table built from one, or
+    IPython's record of the outputs the cells showed."""
+    import pandas as pd
+
+    from course_utils.kernel.launch.result import LaunchResult
+
+    return isinstance(value, (LaunchResult, pd.DataFrame, pd.Series)) or name in ("Out", "_oh")
+
+
+@contextmanager
+def out_of_reach(fn: Callable, *names: str) -> Iterator[set[str]]:
+    """Inside the block, the globals of ``fn``'s namespace (the notebook's ``__main__``) that hold what a launch
+    measured (a launch's result, a DataFrame or Series, the cells' outputs) and those called ``names`` are taken
+    out of it, so that an exercise function the check calls cannot look the answer up; they are put back when the
+    block ends, whatever happened in it. Yields their names. The check cell reads what it needs before the block."""
+    namespace = getattr(fn, "__globals__", {})
+    hidden = {name: namespace[name] for name in list(namespace) if name in names or _measured(name, namespace[name])}
+    for name in hidden:
+        del namespace[name]
+    try:
+        yield set(hidden)
+    finally:
+        namespace.update(hidden)
+
+
+def looked_up(err: BaseException, hidden: "set[str]") -> str | None:
+    """The name an exception raised inside :func:`out_of_reach` says was missing (NameError, KeyError of
+    ``globals()[...]``, AttributeError of ``__main__.<name>``), when it is one of ``hidden``."""
+    name = getattr(err, "name", None)
+    if name is None and isinstance(err, KeyError) and err.args:
+        name = err.args[0]
+    return name if isinstance(name, str) and name in hidden else None
+
+
 def is_done(fn: Callable) -> bool:
     """Whether an exercise function holds code of its own (not the student edition's stub)."""
     import inspect

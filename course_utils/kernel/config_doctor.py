@@ -159,6 +159,8 @@ def _drop(cfg: dict, path: list, out: Reading) -> bool:
         out.dropped += [k for k in BATCH_KEYS if cfg.pop(k, None) is not None]
         cfg["train_micro_batch_size_per_gpu"] = 1
         return True
+    if not path:                        # a whole-config error (a model validator's): no key to take out
+        return False
     if not _resolves(cfg, path):
         path = path[:1]                 # a field missing from a section: take the section out
         if not _resolves(cfg, path):
@@ -179,7 +181,8 @@ def _pydantic_problems(e: Any, cfg: dict, last: str | None) -> list[tuple[list[l
     model = next((c for c in _subclasses(DeepSpeedConfigModel) if c.__name__ == e.title), None)
     found = []
     for err in e.errors():
-        path = _locate(cfg, list(err["loc"]), last)
+        # a model validator's error has no location: it is about the section DeepSpeed was reading
+        path = [last] if not err["loc"] and last else _locate(cfg, list(err["loc"]), last)
         found.append(([path], f"{'.'.join(str(p) for p in path)}: {_problem(err, _fields_at(model, list(err['loc'])))}"))
     return found
 
@@ -219,6 +222,8 @@ def _problem(err: dict, fields: list[str]) -> str:
     "Extra inputs are not permitted". A spelling suggestion is offered only for an unknown key that is no note
     (:func:`is_note`).
     """
+    if not err["loc"]:                  # a model validator's error: its message is the whole of it
+        return re.sub(r"^(Value error|Assertion failed), ", "", err["msg"])
     given = json.dumps(err.get("input"), default=str)
     if err["type"] == "extra_forbidden":
         if is_note(err["loc"][-1]):

@@ -202,6 +202,15 @@ def plan_problem(parsed: Any, w: Workload, m: Machine, global_batch: int) -> str
     if parsed.train_batch_size != global_batch:
         return f"DeepSpeed resolves your config to a global batch of {parsed.train_batch_size} sequences, not {global_batch}."
     rung = config_rung(parsed)
+    zero = parsed.zero_config
+    device = getattr(zero.offload_param, "device", None)
+    if rung[0] < 3 and str(getattr(device, "value", device)) not in ("None", "none"):
+        return (f"your config names offload_param at ZeRO stage {rung[0]}, where DeepSpeed ignores it (parameters are "
+                "offloaded only in stage 3; the runner's pre-check says so too): leave out what DeepSpeed will not do.")
+    if rung[0] == 1 and rung[1]:
+        return ("your config offloads the optimizer at stage 1. DeepSpeed runs it (stages 1 and 2 share one optimizer, "
+                "stage_1_and_2.py), but its estimators have no stage 1 and the ladder offloads only from stage 2 on, "
+                "where the gradients are divided too: which rung of the ladder is the first that fits?")
     states_gpu, cpu = rung_needs(w, m, *rung)
     micro, act = parsed.train_micro_batch_size_per_gpu, w.ckpt_act_gb_per_sample
     best = first_fit(w, m)

@@ -52,6 +52,13 @@ ANSWERS = {
                 config["optimizer"]["params"]["lr"] = "auto"
                 config["scheduler"]["params"]["warmup_num_steps"] = "auto"
                 return config, {"betas": [0.9, 0.95]}
-            """)],
+            """),
+                 ("thinks the scheduler section is what disagrees, and takes it out with the learning rate", """
+            def part3_fixed(config: dict) -> tuple:
+                config = json.loads(json.dumps(config))          # a copy: part 3's config stays as it was
+                del config["scheduler"]
+                del config["optimizer"]["params"]["lr"]
+                return config, {}
+            """, "your config no longer has")],
         secret=("'adam_beta2': 0.95", '"adam_beta2": 0.95')),
 }

@@ -2,10 +2,9 @@
 parallelism families, the ring all-reduce step by step, all_reduce timing, a launch over ssh."""
 from __future__ import annotations
 
-import contextlib
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from course_utils.kernel.launch.commands import ENV_FILE
 from course_utils.common.records.collectives import (COLLECTIVES, AllReduceTime, CollectiveRow, Identity, RingStep,
@@ -234,44 +233,10 @@ def plot_ring_steps(steps: list[RingStep], world_size: int):
 PREDICTED = ("broadcast", "all_reduce", "reduce_scatter", "all_gather")
 
 
-def _measured(name: str, value) -> bool:
-    """Whether a notebook global holds what a launch measured: a launch's result, a table built from one (the
-    collectives tables ``two`` and ``four``, say), or IPython's record of the outputs the cells showed."""
-    import pandas as pd
-
-    from course_utils.kernel.launch.result import LaunchResult
-
-    return isinstance(value, (LaunchResult, pd.DataFrame, pd.Series)) or name in ("Out", "_oh")
-
-
-@contextlib.contextmanager
-def out_of_reach(fn: Callable) -> Iterator[set[str]]:
-    """Inside the block, the globals of ``fn``'s namespace (the notebook's ``__main__``) that hold what a launch
-    measured (:func:`_measured`) are taken out of it, so ``fn`` cannot look them up; they are put back when the block
-    ends, whatever happened in it. Yields their names."""
-    namespace = getattr(fn, "__globals__", {})
-    hidden = {name: namespace[name] for name in list(namespace) if _measured(name, namespace[name])}
-    for name in hidden:
-        del namespace[name]
-    try:
-        yield set(hidden)
-    finally:
-        namespace.update(hidden)
-
-
-def _looked_up(err: BaseException, names: set[str]) -> str | None:
-    """The hidden name an exception says was missing (NameError, KeyError of ``globals()[...]``, AttributeError of
-    ``__main__.<name>``), if any."""
-    name = getattr(err, "name", None)
-    if name is None and isinstance(err, KeyError) and err.args:
-        name = err.args[0]
-    return name if isinstance(name, str) and name in names else None
-
-
 def predict_problem(predict: Callable, launches: list, hint) -> tuple[str, int]:
     """Exercise 1: ``predict(collective, rank, world_size)`` against every rank's list after each collective, as
     ``launches`` (the 2- and the 4-rank one) recorded it. The function is called while the launches' results and the
-    tables built from them are out of its reach (:func:`out_of_reach`). Returns what is wrong ("" when nothing is) and
+    tables built from them are out of its reach (:func:`checks.out_of_reach`). Returns what is wrong ("" when nothing is) and
     the world size of the case that showed it, for the hint; never the expected lists."""
     from course_utils.kernel import checks
 
@@ -280,14 +245,14 @@ def predict_problem(predict: Callable, launches: list, hint) -> tuple[str, int]:
         table = collectives_table(launch.records)
         cases += [((c, int(r), len(table.loc[c])), list(table.loc[(c, r), "after"]))
                   for c in PREDICTED for r in table.loc[c].index]
-    with out_of_reach(predict) as hidden:
+    with checks.out_of_reach(predict) as hidden:
         for args, want in cases:
             try:
                 got = checks.solution(predict, *args, hint=hint)
             except checks.ExerciseCheckError:
                 raise
             except Exception as err:      # noqa: BLE001 — a lookup of a hidden table is the answer's fault, said so
-                name = _looked_up(err, hidden)
+                name = checks.looked_up(err, hidden)
                 if name is None:
                     raise
                 named = sorted(h for h in hidden if not h.startswith("_") and h != "Out")

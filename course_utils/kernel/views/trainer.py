@@ -129,3 +129,14 @@ def configs_that_look_right(written: dict, args: Any, steps: int, world_size: in
     print("   the pre-check, plain launch: " + "; ".join(out["commented_doctor_plain"]))
     print("   the pre-check, Trainer launch: " + "\n   ".join(out["commented_doctor_trainer"]))
     return out
+
+
+class OnRanks:
+    """``TrainingArguments`` as ``world_size`` ranks see them, for transformers' fill methods run in this kernel:
+    ``TrainingArguments`` here counts one process, the Trainer on N ranks counts N (``train_batch_size``)."""
+
+    def __init__(self, args, world_size: int):
+        self.args, self.world_size = args, world_size
+
+    def __getattr__(self, name: str):
+        return getattr(self.args, name)
