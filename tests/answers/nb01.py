@@ -45,13 +45,8 @@ ANSWERS = {
                             chunks[(rank - 1) % world].copy_(buffer)
                 return tensor
             """),
-                ("calls the collective the section compares the ring with, instead of building the ring", """
-            def ring_all_reduce(tensor):
-                dist.all_reduce(tensor)
-                return tensor
-            """, "a ring uses only point-to-point sends and receives"),
-                ("calls dist.all_reduce, then sends and receives 2(N−1) chunk-sized dummies so the byte count the page "
-                 "gives comes out", """
+                ("calls the collective the section compares the ring with, then sends and receives 2(N−1) chunk-sized "
+                 "dummies so the byte count the page gives comes out (dist.all_reduce alone meets the same refusal)", """
             def ring_all_reduce(tensor):
                 dist.all_reduce(tensor)
                 rank, world = dist.get_rank(), dist.get_world_size()
