@@ -99,14 +99,18 @@ def partitions(yours) -> None:
     the colleague asked), and as you partition it."""
     from course_utils.rank.parallel import frozen_base_layers, stage_parameters
 
+    given: dict = {}
     with contextlib.redirect_stdout(io.StringIO()):
-        pipes = {label: PipelineModule(layers=frozen_base_layers(), num_stages=2, loss_fn=pp.mse, partition_method=method)
+        pipes = {label: PipelineModule(layers=given.setdefault(label, frozen_base_layers()), num_stages=2,
+                                       loss_fn=pp.mse, partition_method=method)
                  for label, method in (("uniform", "uniform"), ("parameters (as given)", "parameters"))}
         if yours:
-            pipes["yours"] = yours(frozen_base_layers(), 2, pp.mse)
+            pipes["yours"] = yours(given.setdefault("yours", frozen_base_layers()), 2, pp.mse)
     for label, pipe in pipes.items():
         counts, trainable = stage_parameters(pipe)
-        record(Partition(label=label, parameters=counts, trainable=trainable,
+        # the layers the pipeline runs, in its order, against the list it was given (the same objects)
+        in_order = [id(layer) for layer in pipe._layer_specs] == [id(layer) for layer in given[label]]
+        record(Partition(label=label, parameters=counts, trainable=trainable, in_order=in_order,
                          layers=[pipe.parts[s + 1] - pipe.parts[s] for s in range(pipe.num_stages)]))
 
 

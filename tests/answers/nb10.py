@@ -36,6 +36,16 @@ ANSWERS = {
                 config = json.loads(json.dumps(z2))
                 config["zero_optimization"].update(stage=3, offload_param={"device": "cpu", "pin_memory": False})
                 return config
-            """)],
+            """),
+                 ("thinks the ZeRO-3 sizes have defaults that fit any model, and leaves them out", """
+            def zero3_config(z2: dict) -> dict:
+                config = json.loads(json.dumps(z2))
+                zero = config["zero_optimization"]
+                for stage2_only in ("reduce_scatter", "allgather_partitions", "allgather_bucket_size"):
+                    zero.pop(stage2_only, None)
+                zero.update(stage=3, offload_param={"device": "cpu", "pin_memory": False},
+                            stage3_gather_16bit_weights_on_model_save=True)
+                return config
+            """, "to the Trainer")],
         run="from_solution", secret=("stage3_gather_16bit_weights_on_model_save", "offload_param")),
 }

@@ -29,11 +29,17 @@ ANSWERS = {
                 from deepspeed.pipe import PipelineModule
                 return PipelineModule(layers=layers, num_stages=num_stages, loss_fn=loss_fn, partition_method="uniform")
             """),
-        misread=("balances the Linear layers with \"type:Linear\", as if each Linear held as many parameters", """
+        misread=[("balances the Linear layers with \"type:Linear\", as if each Linear held as many parameters", """
             def build_pipeline(layers, num_stages, loss_fn):
                 from deepspeed.pipe import PipelineModule
                 return PipelineModule(layers=layers, num_stages=num_stages, loss_fn=loss_fn,
                                       partition_method="type:Linear")
             """),
+                 ("thinks a stage may take any layers, and moves the large ones so that \"uniform\" balances them", """
+            def build_pipeline(layers, num_stages, loss_fn):
+                from deepspeed.pipe import PipelineModule
+                return PipelineModule(layers=[layers[0], *layers[3:], layers[1], layers[2]], num_stages=num_stages,
+                                      loss_fn=loss_fn, partition_method="uniform")
+            """, "in their order")],
         launches=True),
 }

@@ -15,10 +15,14 @@ ANSWERS = {
             """),
         secret=("--exclude",)),
     "requeued_run": wrong(
-        copier=("copies the first run's last step and loss from the table", """
+        copier=[("copies the first run's last step and loss from the table", """
             def requeued_run(first: list[PreemptRun]) -> tuple[int, float]:
                 return first[0].steps[-1], first[0].losses[-1]
             """),
+                ("reads the second run's first step and loss, which the kernel already holds", """
+            def requeued_run(first: list[PreemptRun]) -> tuple[int, float]:
+                return again[0].steps[0], again[0].losses[0]
+            """, "looked up `again`")],
         misread=("thinks a requeued job trains again from its first step, since Slurm runs the batch script again from "
                  "its first line", """
             def requeued_run(first: list[PreemptRun]) -> tuple[int, float]:

@@ -73,6 +73,7 @@ class Partition(Record, name="pipeline_partition"):
     layers: list                 # layers per stage
     parameters: list             # parameters per stage, frozen or not
     trainable: list              # of which trainable (requires_grad)
+    in_order: bool = True        # whether the pipeline holds the layers it was given, each once, in their order
 
 
 @dataclass

@@ -88,3 +88,28 @@ def where_generating(stacks: dict[int, str]) -> dict[int, dict[str, Any]]:
             "in fetch_sub_module": any(fn == "fetch_sub_module" for _, _, fn in frames),
             "in barrier": any(fn == "barrier" for _, _, fn in frames), "path": telling}
     return out
+
+
+HIDDEN_SIZE_KEYS = ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")   # transformers fills them for ZeRO-3
+
+
+def zero3_problem(config: dict, z2: dict, planned: dict[str, bool]) -> str:
+    """Exercise 2, before the launch: what keeps ``config`` from being the ZeRO-2 file ``z2`` moved to ZeRO-3 with
+    both offloads and the gather for save_model ('' when nothing does). ``planned``: each of the first three points
+    (and the gather) as DeepSpeed's config classes read it. Point 4 reads the config as written: the ZeRO-3 sizes that
+    depend on the model must be "auto", which transformers fills from the model's hidden size
+    (``HfTrainerDeepSpeedConfig.trainer_config_finalize``); DeepSpeed's defaults are fixed numbers (a persistence
+    threshold of 1e5 keeps every tensor of the course's small model whole on every rank)."""
+    missing = [what for what, ok in planned.items() if not ok]
+    if missing:
+        return f"your config lacks {' and '.join(missing)}."
+    zero = config.get("zero_optimization", {})
+    fixed = [k for k in HIDDEN_SIZE_KEYS if zero.get(k) != "auto"]
+    if fixed:
+        return (f"your config does not leave {' and '.join(fixed)} to the Trainer (\"auto\", point 4): DeepSpeed's "
+                "defaults are fixed numbers, not sizes for this model.")
+    changed = sorted(k for k in set(z2) | set(config) if k != "zero_optimization" and z2.get(k) != config.get(k))
+    if changed:
+        return (f"your config changes {', '.join(changed)}, outside zero_optimization: keep the rest of the ZeRO-2 "
+                "file, so that the two runs differ in ZeRO only.")
+    return ""
