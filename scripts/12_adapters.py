@@ -43,10 +43,11 @@ MICRO = 4                 # sequences per rank and step
 LEARNING_RATE = 1e-3      # the course configs' AdamW (configs/zero*.json): lr 1e-3, weight decay 0.01, clipping 1.0
 
 
-def zero_config(stage: int) -> dict:
+def zero_config(stage: int, persistence: int | None = None) -> dict:
     """The course config of ``stage`` in fp32; stage 3 keeps parameters of at most 10 × hidden size elements whole,
-    the value the Trainer's "auto" gives ``stage3_param_persistence_threshold``."""
-    extra = {"stage3_param_persistence_threshold": 10 * preset(PRESET).n_embd} if stage == 3 else {}
+    the value the Trainer's "auto" gives ``stage3_param_persistence_threshold`` (``persistence`` instead, if given)."""
+    threshold = 10 * preset(PRESET).n_embd if persistence is None else persistence
+    extra = {"stage3_param_persistence_threshold": threshold} if stage == 3 else {}
     return ds_config(stage, "fp32", micro_batch=MICRO, **extra)
 
 
@@ -107,12 +108,13 @@ def activations() -> None:
                                saved_bytes=saved_activation_bytes(model, ids)))
 
 
-def zero3_engine(base: str, steps: int):
+def zero3_engine(base: str, steps: int, persistence: int | None = None):
     """from_pretrained under ZeRO-3 (an HfDeepSpeedConfig alive first), get_peft_model, deepspeed.initialize, each
-    recorded; then ``steps`` raw training steps: (engine, the HfDeepSpeedConfig to keep alive)."""
+    recorded; then ``steps`` raw training steps: (engine, the HfDeepSpeedConfig to keep alive). ``persistence``: the
+    persistence threshold instead of the course's."""
     from transformers.integrations import HfDeepSpeedConfig
 
-    config = zero_config(3)
+    config = zero_config(3, persistence)
     keep_alive = HfDeepSpeedConfig(config)            # from_pretrained now builds the model inside zero.Init
     model = GPT2LMHeadModel.from_pretrained(base)
     zero3_view(model, "from_pretrained")
@@ -136,8 +138,9 @@ def save_gathered(engine) -> None:
 
 def yours_saved(path: str, base: str, steps: int) -> None:
     """Exercise 2's launch: the adapter trained under ZeRO-3 as in part 2, saved by DeepSpeed's gather and by your
-    ``adapter_state(model)``, which every rank calls (rank 0's return value is written)."""
-    engine, keep_alive = zero3_engine(base, steps)
+    ``adapter_state(model)``, which every rank calls (rank 0's return value is written). Every parameter is
+    partitioned here (persistence threshold 0): no adapter tensor, however small, comes back whole without a gather."""
+    engine, keep_alive = zero3_engine(base, steps, persistence=0)
     save_gathered(engine)
     state = load_exercise(path, ["adapter_state"])["adapter_state"](engine.module)
     save_adapter("yours", engine.module, state if dist.get_rank() == 0 else None)

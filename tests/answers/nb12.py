@@ -38,7 +38,7 @@ ANSWERS = {
                 from peft import get_peft_model_state_dict
                 return get_peft_model_state_dict(model)
             """),
-        misread=("gathers on every rank, then reads the state dict after the block, as if the gather lasted", """
+        misread=[("gathers on every rank, then reads the state dict after the block, as if the gather lasted", """
             def adapter_state(model) -> dict:
                 import deepspeed
                 from peft import get_peft_model_state_dict
@@ -47,5 +47,13 @@ ANSWERS = {
                     pass
                 return get_peft_model_state_dict(model)
             """),
+                 ("gathers only lora_B, the matrices the report's file showed empty, as if lora_A were never partitioned", """
+            def adapter_state(model) -> dict:
+                import deepspeed
+                from peft import get_peft_model_state_dict
+                lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+                with deepspeed.zero.GatheredParameters(lora_b, modifier_rank=None):
+                    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+            """, "empty or not of the adapter's full shape")],
         launches=True),
 }
