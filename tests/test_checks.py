@@ -135,3 +135,21 @@ def test_in_a_notebook_the_passed_lines_wait_for_the_cell_and_a_failing_cell_sho
     shell.events.trigger("post_run_cell", SimpleNamespace(success=True))
     assert capsys.readouterr().out == "✔ 2 checks passed: two things\n"
     assert len(shell.events.callbacks["post_run_cell"]) == 1, "registered once"
+
+
+def test_out_of_reach_hides_what_was_measured_and_refuses_a_lookup():
+    import pandas as pd
+
+    from course_utils.kernel import checks
+
+    namespace = {"measured": pd.DataFrame({"a": [1]}), "held_out": [3], "kept": 5}
+    exec("def answer():\n    return held_out[0] + kept", namespace)
+    with pytest.raises(checks.ExerciseCheckError, match="looked up `held_out`.*Work it out"):
+        with checks.out_of_reach(namespace["answer"], "held_out", hint="hint", key="answer", instead="Work it out."):
+            namespace["answer"]()
+    assert namespace["held_out"] == [3] and "measured" in namespace, "put back after the refusal"
+    with pytest.raises(ZeroDivisionError):       # any other error is the learner's own, passed through
+        with checks.out_of_reach(namespace["answer"], hint="hint", key="answer"):
+            1 / 0
+    with checks.out_of_reach(namespace["answer"], "held_out") as hidden:   # no hint: the caller says what it wants
+        assert hidden == {"measured", "held_out"} and "kept" in namespace

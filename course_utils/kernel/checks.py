@@ -178,19 +178,31 @@ def _measured(name: str, value: Any) -> bool:
 
 
 @contextmanager
-def out_of_reach(fn: Callable, *names: str) -> Iterator[set[str]]:
+def out_of_reach(fn: Callable, *names: str, hint: "str | Sequence[str] | None" = None, key: str | None = None,
+                 instead: str = "") -> Iterator[set[str]]:
     """Inside the block, the globals of ``fn``'s namespace (the notebook's ``__main__``) that hold what a launch
     measured (a launch's result, a DataFrame or Series, the cells' outputs) and those called ``names`` are taken
     out of it, so that an exercise function the check calls cannot look the answer up; they are put back when the
-    block ends, whatever happened in it. Yields their names. The check cell reads what it needs before the block."""
+    block ends, whatever happened in it. Yields their names. The check cell reads what it needs before the block.
+
+    With a ``hint``, an error raised in the block because ``fn`` looked one of them up is the check's refusal of
+    exercise ``key`` (saying which name, then ``instead``: what to do); any other error passes through."""
     namespace = getattr(fn, "__globals__", {})
     hidden = {name: namespace[name] for name in list(namespace) if name in names or _measured(name, namespace[name])}
     for name in hidden:
         del namespace[name]
+    found = None
     try:
         yield set(hidden)
+    except Exception as err:           # noqa: BLE001 — the learner's code; only a lookup of a hidden name is refused
+        found = looked_up(err, set(hidden)) if hint is not None else None
+        if found is None:
+            raise
     finally:
         namespace.update(hidden)
+    if found is not None:              # refused outside the except: the learner's NameError is not its context
+        check(False, hint, key=key, said=f"your {_name(fn)} looked up `{found}`, which holds what a launch measured: "
+                                         f"while the check calls it, that is out of its reach. {instead}".rstrip())
 
 
 def looked_up(err: BaseException, hidden: "set[str]") -> str | None:
