@@ -202,9 +202,7 @@ def plan_problem(parsed: Any, w: Workload, m: Machine, global_batch: int) -> str
     if parsed.train_batch_size != global_batch:
         return f"DeepSpeed resolves your config to a global batch of {parsed.train_batch_size} sequences, not {global_batch}."
     rung = config_rung(parsed)
-    zero = parsed.zero_config
-    device = getattr(zero.offload_param, "device", None)
-    if rung[0] < 3 and str(getattr(device, "value", device)) not in ("None", "none"):
+    if rung[0] < 3 and rung[2]:             # offload_param as config_rung read it (zero_rules: a device but "none")
         return (f"your config names offload_param at ZeRO stage {rung[0]}, where DeepSpeed ignores it (parameters are "
                 "offloaded only in stage 3; the runner's pre-check says so too): leave out what DeepSpeed will not do.")
     if rung[0] == 1 and rung[1]:
