@@ -130,6 +130,14 @@ def test_an_op_past_its_estimate_is_given_its_own_pace_not_a_few_seconds(tmp_pat
         (folder / f"f{i}.o").write_text("")
     # 3 of 12 files in 300 s: 9 more and the link, at 100 s each
     assert opbuild.left_of_building("async_io", 200, 300, since) == pytest.approx(1000)
+    # every file written: the link and the load are left, one file's time, whatever CPU the op needed before (a fresh
+    # run: async_io's compilers had spent 300 of the 562 s measured before; told "about 5 min", it was ready in 50 s)
+    for i in range(4, 12):
+        (folder / f"f{i}.o").write_text("")
+    assert opbuild.left_of_building("async_io", 200, 300, since) == pytest.approx(300 / 11 * 2)   # f0.o is old
+    old.write_text("")
+    assert opbuild.left_of_building("async_io", 200, 300, since) == pytest.approx(25)
+    assert opbuild.left_of_building("async_io", 200, 300, since, cpu=(300.0, 562.0), pace=1.0) == pytest.approx(25)
 
 
 def test_a_launch_that_loads_an_op_still_building_waits_with_one_line(tmp_path, capsys):

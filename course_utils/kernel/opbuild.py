@@ -154,7 +154,8 @@ def compilers_cpu(state: dict) -> float | None:
 
 def left_of_building(key: str, estimate: float, elapsed: float, since: float,
                      cpu: tuple[float | None, float] = (None, 0.0), pace: float | None = None) -> float:
-    """Seconds until the op being built is ready. ``cpu``: (CPU seconds its compilers have spent so far, about
+    """Seconds until the op being built is ready. Once ninja has written every object file, its link and load: about
+    one file's time. Before that, ``cpu``: (CPU seconds its compilers have spent so far, about
     what they need in all, :func:`cpu_needed`): the rest at ``pace``, the CPU seconds a second they get now (a
     notebook that waits has freed its cores: the pace since the op started, while two notebooks ran beside, says
     minutes where seconds are left; an op started less than 10 s ago is still loading torch's build tools, so the
@@ -163,6 +164,12 @@ def left_of_building(key: str, estimate: float, elapsed: float, since: float,
     its time so far; once it has run past that, its own pace so far: the time per object file written, for the files
     still to compile and the link (about one file's time), or, before any file is written, as long again."""
     spent, needed = cpu
+    progress = compiled(key, since)
+    if progress and progress[0] >= progress[1] and elapsed >= 15:
+        # every object file written: the link and the load are left, about one file's time, however much CPU the op
+        # was measured to need before (a fresh run's async_io needed 323 s where another needed 562 s; with 562 a
+        # notebook that waited for its link was told "about 5 min" and waited 50 s)
+        return max(10.0, elapsed / progress[0])
     if spent is not None and pace is not None:
         if spent >= needed:           # past what it was measured to need: its link and load are left
             return 10.0
@@ -174,7 +181,6 @@ def left_of_building(key: str, estimate: float, elapsed: float, since: float,
         return max(10.0, (needed - spent) * elapsed / spent)
     if elapsed < estimate - 10:
         return estimate - elapsed
-    progress = compiled(key, since)
     if not progress or not progress[0]:
         return max(10.0, elapsed)
     done, total = progress
