@@ -297,6 +297,10 @@ def test_a_wait_counts_the_pace_the_compilers_get_now_not_since_the_op_started(t
     cores = min(2, os.cpu_count() or 1)
     assert opbuild.left_of_building("fused_adam", 137, 2, since, cpu=(1.0, 77.0), pace=0.9) == pytest.approx(76 / cores)
     assert opbuild.cpu_needed("fused_adam") == 77 and opbuild.cpu_needed("no_such_op") == 120
+    # the ops built before in this run needed 1.4 × the table's CPU (a slow hour): so will this one, within ½ and 2
+    assert opbuild.cpu_needed("async_io", {"cpu_ratio": 1.4}) == pytest.approx(1.4 * 360)
+    assert opbuild.cpu_needed("async_io", {"cpu_ratio": 5.0}) == 2 * 360
+    assert opbuild.cpu_needed("async_io", {"cpu_ratio": None}) == 360
     state = {"pid": os.getpid(), "cpu_at_start": 0.0, "building": "fused_adam", "since": since}
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 4: pass"])
     try:

@@ -38,11 +38,12 @@ def state_file() -> Path:
 
 
 def write_state(path: Path, todo: list[_ops.Op], done: dict[str, str], building: str | None,
-                pid: int | None = None, factor: float = 1.0) -> None:
-    """The builder's progress, for the waiting side: its pid, the ops to build, which now and since when, and how
-    much slower than the table's estimates the ops built so far took (:class:`Pace`)."""
+                pid: int | None = None, factor: float = 1.0, cpu_ratio: float | None = None) -> None:
+    """The builder's progress, for the waiting side: its pid, the ops to build, which now and since when, how much
+    slower than the table's estimates the ops built so far took (:class:`Pace`), and how much CPU their compilers
+    needed against the table's (``cpu_ratio``, None before the first: :func:`cpu_needed`)."""
     state = {"pid": pid or os.getpid(), "ops": [op.key for op in todo], "done": done, "building": building,
-             "since": time.time(), "factor": factor,
+             "since": time.time(), "factor": factor, "cpu_ratio": cpu_ratio,
              "cpu_at_start": None if pid else _compiler_seconds()}    # the builder's own: its compilers' CPU so far
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")      # the starter and the build both write it
@@ -75,10 +76,14 @@ def read_state(path: Path | None = None) -> dict | None:
     return state if state and _alive(int(state.get("pid", 0))) and state.get("building") else None
 
 
-def cpu_needed(key: str) -> float:
-    """About the CPU seconds op ``key``'s compilers need in all (measured; twice its idle estimate where unmeasured)."""
+def cpu_needed(key: str, state: dict | None = None) -> float:
+    """About the CPU seconds op ``key``'s compilers need in all (measured; twice its idle estimate where unmeasured),
+    times what the ops this run's background build has built so far needed against the table (``state``'s
+    ``cpu_ratio``, kept between ½ and 2): a compile takes more CPU seconds in a slow hour than in a fast one."""
     op = _ops.by_key(key)
-    return float(op.cpu_seconds or 2 * op.seconds) if op else 120.0
+    ratio = (state or {}).get("cpu_ratio")
+    scale = min(2.0, max(0.5, ratio)) if isinstance(ratio, (int, float)) and ratio > 0 else 1.0
+    return scale * float(op.cpu_seconds or 2 * op.seconds) if op else 120.0
 
 
 def pending(names: list[str], state: dict | None, pace: float | None = None) -> list[tuple[str, float]]:
@@ -93,10 +98,10 @@ def pending(names: list[str], state: dict | None, pace: float | None = None) -> 
     for n in queue:
         seconds = table.get(n, 60) * state.get("factor", 1.0)
         if pace is not None:         # a notebook waits: its cores are free for the compilers, two files at a time
-            seconds = cpu_needed(n) / min(2, os.cpu_count() or 1)
+            seconds = cpu_needed(n, state) / min(2, os.cpu_count() or 1)
         if n == state["building"]:
             seconds = left_of_building(n, seconds, time.time() - state["since"], state["since"],
-                                       cpu=(compilers_cpu(state), cpu_needed(n)), pace=pace)
+                                       cpu=(compilers_cpu(state), cpu_needed(n, state)), pace=pace)
         ahead += seconds
         if n in names:
             out.append((n, ahead))
@@ -372,11 +377,13 @@ def build(ops: list[_ops.Op], state: Path | None = None) -> int:
         end_with_parent()
     every, done = _ops.course_ops(), {}
     failed, slower = 0, Pace(_ops.BESIDE_NOTEBOOKS if state is not None else 1.0)
+    cpu_table, cpu_used = 0.0, 0.0      # the built ops' compilers' CPU: the table's, and what they took here
     for op in ops:
         n = every.index(op) + 1 if op in every else 0
         left = slower.factor * sum(o.seconds for o in ops if o.key not in done)
         if state is not None:
-            write_state(state, ops, done, building=op.key, factor=slower.factor)
+            write_state(state, ops, done, building=op.key, factor=slower.factor,
+                        cpu_ratio=cpu_used / cpu_table if cpu_table else None)
         started, cpu = time.monotonic(), _compiler_seconds()
         with timed(f"op {n} of {len(every)}, {op.key} — needed by {op.needed_by}",
                             slower.factor * op.seconds, left):
@@ -386,6 +393,8 @@ def build(ops: list[_ops.Op], state: Path | None = None) -> int:
         took = time.monotonic() - started
         if outcome == "built":
             slower.add(op.seconds, took)
+            if op.cpu_seconds:
+                cpu_table, cpu_used = cpu_table + op.cpu_seconds, cpu_used + _compiler_seconds() - cpu
         say(f"  {op.key}: {outcome}" + (f" in {took:.0f} s (compilers: {_compiler_seconds() - cpu:.0f} s "
                                                    f"of CPU)" if outcome == "built" else
                                                    " (cannot build here: see `ds_report`)" if outcome == "skipped" else ""))

@@ -30,8 +30,9 @@ class Op:
     seconds: int                # build time on 2 idle cores, the estimate a learner is told: half its compilers' CPU
     #                             time (two files compile at once) and a few seconds of loading (measured 2026-11-25)
     device: str = "cpu"         # the ranks that load it: CPU ranks, or GPU ranks (a CUDA build); each has its own folder
-    cpu_seconds: int = 0        # its compilers' CPU time, the most measured (fresh `make course` runs, 2026-11-25,
-    #                             -29 and, for async_io, -30); 0: unknown, counted as twice ``seconds``
+    cpu_seconds: int = 0        # its compilers' CPU time in one fresh `make course` run (the ops' figures of one run
+    #                             agree with each other; a run scales them, opbuild.cpu_needed); 0: unknown, counted
+    #                             as twice ``seconds``
 
     @property
     def key(self) -> str:
@@ -46,10 +47,13 @@ FUSED_ADAM = Op("FusedAdamBuilder", "fused_adam", "notebook 02 and later (DeepSp
                 cpu_seconds=77)
 CPU_ADAM = Op("CPUAdamBuilder", "cpu_adam", "notebooks 04, 07, 08, 10, 12 and 16 (ZeRO-Offload)",
              ("04", "07", "08", "10", "12", "16"), 55, cpu_seconds=93)
-# async_io: 387 s measured before; three fresh runs of 2026-11-30 needed 485, 507 and 562 s, and with 387 the line
-# of a notebook waiting for it said "about 50 s left" twice where it waited 105 and 114 s.
+# async_io: fresh runs needed 485, 507 and 562 s of CPU on 2026-11-30, 323 and 357 s on 2026-12-01, where fused_adam
+# and cpu_adam needed 75 and 72, 96 and 87 s: a compile's CPU seconds vary with the hour as much as its wall time. So
+# the table holds one run's figures, and a background build scales them by what the ops it built before needed
+# (opbuild.cpu_needed): with 562 for async_io, a notebook waiting for its last files was told "about 8 min" and
+# waited 70 s.
 ASYNC_IO = Op("AsyncIOBuilder", "async_io", "notebooks 04 and 16 (NVMe offload)", ("04", "16"), 185,   # with pin_memory
-              cpu_seconds=562)
+              cpu_seconds=360)
 
 # A background build shares the 2 cores with the two notebooks running meanwhile (each launching 2 ranks): its two
 # compilers get a third to two thirds of the machine, by what the notebooks beside do. Fresh `make course` runs on 2
