@@ -217,6 +217,25 @@ def test_estimates_follow_the_pace_of_the_ops_already_built():
     assert opbuild.pending(["cpu_adam"], state)[0][1] == pytest.approx(2 * ops.CPU_ADAM.seconds, abs=1)
 
 
+def test_the_background_build_tells_waiters_what_its_compilers_needed_against_the_table(tmp_path, monkeypatch):
+    """Each op's state carries the CPU the ops built before it needed over the table's (None before the first)."""
+    import signal
+
+    written = []
+    monkeypatch.setattr(opbuild, "end_with_parent", lambda: None)
+    monkeypatch.setattr(opbuild, "say", lambda line: None)
+    monkeypatch.setattr(opbuild, "write_state", lambda path, todo, done, building, **more: written.append(more))
+    monkeypatch.setattr(opbuild._ops, "build_one", lambda op: "built")
+    used = iter([0.0, 0.5 * ops.FUSED_ADAM.cpu_seconds, 0.5 * ops.FUSED_ADAM.cpu_seconds, 900.0])
+    monkeypatch.setattr(opbuild, "_compiler_seconds", lambda: next(used))
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert opbuild.build([ops.FUSED_ADAM, ops.ASYNC_IO], tmp_path / "state.json") == 0
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert [w.get("cpu_ratio") for w in written] == [None, pytest.approx(0.5), None]
+
+
 def test_a_script_without_a_notebook_prefix_waits_for_the_ops_of_the_notebook_that_runs_it(monkeypatch, capsys):
     state = {"pid": os.getpid(), "ops": ["cpu_adam", "async_io"], "done": {}, "building": "cpu_adam",
              "since": time.time(), "factor": 1.0}

@@ -348,14 +348,20 @@ def run_beside(command: list[str]) -> int:
 
 class Pace:
     """How much slower than the table this machine builds (its load, its cores): the ops built so far in this run,
-    their time over their estimate (``start`` before the first). The later ops' estimates are scaled by it."""
+    their time over their estimate (``start`` before the first). The later ops' estimates are scaled by it. (The
+    background build keeps a second one for its compilers' CPU against the table's.)"""
 
     def __init__(self, start: float = 1.0) -> None:
         self.start, self.estimated, self.took = start, 0.0, 0.0
 
     @property
+    def ratio(self) -> float | None:
+        """What the ops added so far took over the table's figures for them (None before the first)."""
+        return self.took / self.estimated if self.estimated else None
+
+    @property
     def factor(self) -> float:
-        return max(1.0, self.took / self.estimated) if self.estimated else self.start
+        return max(1.0, self.ratio) if self.estimated else self.start
 
     def add(self, estimated: float, took: float) -> None:
         self.estimated, self.took = self.estimated + estimated, self.took + took
@@ -377,25 +383,25 @@ def build(ops: list[_ops.Op], state: Path | None = None) -> int:
         end_with_parent()
     every, done = _ops.course_ops(), {}
     failed, slower = 0, Pace(_ops.BESIDE_NOTEBOOKS if state is not None else 1.0)
-    cpu_table, cpu_used = 0.0, 0.0      # the built ops' compilers' CPU: the table's, and what they took here
+    compilers = Pace()      # the built ops' compilers' CPU against the table's (:func:`cpu_needed`)
     for op in ops:
         n = every.index(op) + 1 if op in every else 0
         left = slower.factor * sum(o.seconds for o in ops if o.key not in done)
         if state is not None:
             write_state(state, ops, done, building=op.key, factor=slower.factor,
-                        cpu_ratio=cpu_used / cpu_table if cpu_table else None)
-        started, cpu = time.monotonic(), _compiler_seconds()
+                        cpu_ratio=compilers.ratio)
+        started, cpu_started = time.monotonic(), _compiler_seconds()
         with timed(f"op {n} of {len(every)}, {op.key} — needed by {op.needed_by}",
                             slower.factor * op.seconds, left):
             outcome = _ops.build_one(op)
         done[op.key] = outcome
         failed += outcome == "failed"
-        took = time.monotonic() - started
+        took, cpu = time.monotonic() - started, _compiler_seconds() - cpu_started
         if outcome == "built":
             slower.add(op.seconds, took)
             if op.cpu_seconds:
-                cpu_table, cpu_used = cpu_table + op.cpu_seconds, cpu_used + _compiler_seconds() - cpu
-        say(f"  {op.key}: {outcome}" + (f" in {took:.0f} s (compilers: {_compiler_seconds() - cpu:.0f} s "
+                compilers.add(op.cpu_seconds, cpu)
+        say(f"  {op.key}: {outcome}" + (f" in {took:.0f} s (compilers: {cpu:.0f} s "
                                                    f"of CPU)" if outcome == "built" else
                                                    " (cannot build here: see `ds_report`)" if outcome == "skipped" else ""))
     if state is not None:
